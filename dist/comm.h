@@ -1,0 +1,48 @@
+#pragma once
+// Collective communication for data- and expert-parallel training. A library never
+// creates a Comm from flags: the launcher makes one and passes it down.
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace seqrec::dist {
+
+enum class ReduceOp { kSum, kMax, kMin };
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;
+
+  // In place, on contiguous CPU tensors (float32/float64/int32/int64/uint8).
+  virtual void all_reduce(at::Tensor& t, ReduceOp op = ReduceOp::kSum) = 0;
+  virtual void broadcast(at::Tensor& t, int root) = 0;
+  // Returns a tensor of shape [size(), *t.shape] holding every rank's t.
+  virtual at::Tensor all_gather(const at::Tensor& t) = 0;
+  virtual void barrier() = 0;
+  // Ends every process of the job with `code` (no hang when one rank fails).
+  [[noreturn]] virtual void abort(int code) = 0;
+
+  // Byte-string helpers built on the tensor collectives.
+  std::vector<std::string> all_gather_string(const std::string& s);
+  std::string broadcast_string(const std::string& s, int root);
+};
+
+// The single-process backend (rank 0 of 1): collectives are identities.
+std::unique_ptr<Comm> make_local_comm();
+
+// MPI when the process was started by mpirun/srun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
+// SLURM_NTASKS > 1) and seqrec was built with MPI; otherwise the local backend.
+// `backend` is "auto", "local" or "mpi" ("mpi" without MPI support is an error).
+std::unique_ptr<Comm> make_comm(const std::string& backend = "auto");
+
+// Every rank passes the text of its effective configuration; throws std::runtime_error
+// naming the first rank whose configuration hash differs from rank 0's and the first
+// differing line.
+void check_same_config(Comm& comm, const std::string& config_text);
+
+}  // namespace seqrec::dist

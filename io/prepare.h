@@ -1,0 +1,52 @@
+#pragma once
+// Raw interaction logs -> dataset directory, and the synthetic generator.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/dataset.h"
+
+namespace seqrec::io {
+
+struct PrepareOptions {
+  std::string format;   // sasrec | ml-1m | ml-25m | taobao | generic
+  std::string input;    // plain, .gz or .xz
+  std::string out;      // dataset directory (must not exist or be empty)
+  std::string name;     // dataset name; default: input file stem
+  int64_t shards = 1;
+  int kcore = 0;                         // iterative k-core on users and items; 0 = off
+  bool has_min_rating = false;
+  double min_rating = 0;                 // keep rows with rating >= min_rating
+  std::vector<std::string> behaviors;    // taobao: keep only these (pv, buy, cart, fav)
+  std::vector<std::string> columns;      // generic: e.g. {"user","item","time","rating"}
+  char delimiter = ',';                  // generic
+  bool header = false;                   // generic
+  std::string user_features;             // ml-1m users.dat path (optional)
+  std::string user_id_map;               // "dataset_id original_id" per line (optional)
+  bool progress = true;                  // rows/s and ETA on stderr
+};
+
+// Throws std::runtime_error naming file, line and field for malformed input. Writes into
+// <out>.tmp-XXXX and renames to <out> only when complete, so no half-written dataset is
+// ever left where a later run would take it for a good one.
+DatasetMeta prepare_dataset(const PrepareOptions& options);
+
+struct SynthOptions {
+  std::string out;
+  int64_t users = 1000;
+  int64_t items = 500;
+  int64_t events = 50000;   // total, spread over users (each user >= 3 events)
+  uint64_t seed = 1;
+  int64_t shards = 1;
+  int clusters = 0;         // item clusters with Markov transitions; 0 = sqrt(items)
+  double zipf = 1.0;        // item popularity exponent within a cluster
+  double stay = 0.8;        // probability of the next item staying in the Markov chain's next cluster
+  bool progress = true;
+};
+
+DatasetMeta synth_dataset(const SynthOptions& options);
+
+// Human-readable description of a dataset (counts, statistics, provenance, shards).
+std::string describe(const DatasetMeta& meta);
+
+}  // namespace seqrec::io
