@@ -15,6 +15,10 @@ target_link_libraries(seqrec_pch PUBLIC ${TORCH_LIBRARIES} seqrec_warnings)
 target_include_directories(seqrec_pch PUBLIC ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/generated)
 target_precompile_headers(seqrec_pch PRIVATE <torch/torch.h>)
 
+# Tests find the CLI and the shared data through the environment.
+set(SEQREC_TEST_ENV "SEQREC_SHARED_DATA=${CMAKE_SOURCE_DIR}/../shared/data;OMP_WAIT_POLICY=PASSIVE"
+    "SEQREC_BIN=${CMAKE_BINARY_DIR}/seqrec")
+
 function(_seqrec_common target)
   target_link_libraries(${target} PUBLIC seqrec_pch)
   target_precompile_headers(${target} REUSE_FROM seqrec_pch)
@@ -42,7 +46,7 @@ function(seqrec_add_test name)
   endif()
   add_test(NAME ${name} COMMAND ${name})
   set_tests_properties(${name} PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT}
-    ENVIRONMENT "SEQREC_BIN=$<TARGET_FILE:seqrec>;SEQREC_SHARED_DATA=${CMAKE_SOURCE_DIR}/../shared/data")
+    ENVIRONMENT "${SEQREC_TEST_ENV}")
 endfunction()
 
 # seqrec_add_mpi_test(NAME NPROC SOURCES ... DEPS ...): the same GoogleTest binary run
@@ -64,5 +68,5 @@ function(seqrec_add_mpi_test name nproc)
     COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe ${MPIEXEC_NUMPROC_FLAG} ${nproc}
             -x OMP_WAIT_POLICY=PASSIVE $<TARGET_FILE:${name}>)
   set_tests_properties(${name}_np${nproc} PROPERTIES LABELS "mpi" TIMEOUT ${A_TIMEOUT} PROCESSORS ${nproc}
-    ENVIRONMENT "SEQREC_BIN=$<TARGET_FILE:seqrec>;SEQREC_SHARED_DATA=${CMAKE_SOURCE_DIR}/../shared/data")
+    ENVIRONMENT "${SEQREC_TEST_ENV}")
 endfunction()

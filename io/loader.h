@@ -1,0 +1,112 @@
+#pragma once
+// Training batches for next-item prediction under the leave-one-out split.
+//
+// Every random choice about an example is drawn from a generator keyed by
+// (seed, epoch, global example index), and the global batch is defined over global user
+// ids, so the stream of examples and their negatives is the same at any world size: the
+// global batch k of an epoch is perm[k*G, (k+1)*G) with G = per-rank batch * world, and
+// each rank takes the members of that batch whose user lives in the shards it owns.
+#include <ATen/core/Tensor.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "io/dataset.h"
+
+namespace seqrec::io {
+
+// SplitMix64-based counter RNG: cheap to construct per example, statistically fine for
+// sampling, identical on every platform.
+class KeyedRng {
+ public:
+  KeyedRng(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0);
+  uint64_t next();
+  uint64_t below(uint64_t n);  // uniform in [0, n), n > 0
+  double uniform();            // [0, 1)
+
+ private:
+  uint64_t state_;
+};
+
+// Leave-one-out: the last item is the test target, the second last the validation target,
+// the rest is training. Users with fewer than 3 items are training only.
+inline constexpr const char* kSplitRule =
+    "leave-one-out: last item -> test, second last -> valid, the rest -> train; users with < 3 "
+    "items are train only";
+inline int64_t train_length(int64_t n) { return n >= 3 ? n - 2 : n; }
+
+struct LoaderOptions {
+  int64_t max_len = 200;
+  int64_t batch_size = 128;  // per rank; the global batch is batch_size * world
+  uint64_t seed = 42;
+  int prefetch = 4;          // batches built ahead by the prefetch thread; 0 = synchronous
+};
+
+// Position in the example stream: the next batch to be returned is `step` of `epoch`.
+struct Cursor {
+  int64_t epoch = 0;
+  int64_t step = 0;
+};
+
+struct TrainBatch {
+  at::Tensor users;   // [n] int64 global user ids (n = this rank's share, may be 0)
+  at::Tensor input;   // [n, L] int64, left-padded
+  at::Tensor pos;     // [n, L] next item at every slot (0 where there is none)
+  at::Tensor neg;     // [n, L] one negative per target slot, never in the user's train items
+  Cursor cursor;      // the position this batch was taken from
+  int64_t global_batch_users = 0;  // users in the global batch (all ranks)
+};
+
+class TrainLoader {
+ public:
+  TrainLoader(const UserSequences& sequences, const DatasetMeta& meta, LoaderOptions options, int rank,
+              int world);
+  ~TrainLoader();
+  TrainLoader(const TrainLoader&) = delete;
+  TrainLoader& operator=(const TrainLoader&) = delete;
+
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  // Positions the stream so that next() returns the batch at `cursor`.
+  void seek(Cursor cursor);
+  // The next batch; advances the cursor across epoch boundaries.
+  TrainBatch next();
+  // Position of the batch next() will return.
+  Cursor cursor() const { return next_; }
+
+  // Builds one batch directly (no prefetch); used by next() and by tests.
+  TrainBatch build(Cursor at) const;
+
+ private:
+  void start_prefetch();
+  void stop_prefetch();
+  void prefetch_loop(Cursor from);
+  Cursor advance(Cursor c) const;
+  const std::vector<int64_t>& permutation(int64_t epoch) const;
+
+  const UserSequences& seqs_;
+  int64_t num_users_;
+  int64_t num_items_;
+  LoaderOptions opt_;
+  int rank_, world_;
+  int64_t global_batch_;
+  int64_t steps_per_epoch_;
+  Cursor next_;
+
+  mutable std::mutex perm_mu_;
+  mutable int64_t perm_epoch_ = -1;
+  mutable std::vector<int64_t> perm_;
+
+  std::thread worker_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<TrainBatch> queue_;
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace seqrec::io

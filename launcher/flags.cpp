@@ -1,0 +1,158 @@
+#include "launcher/flags.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <stdexcept>
+#include <vector>
+
+// Common
+DEFINE_int32(threads, 0, "intra-op threads per rank; 0 = cores / ranks on this node");
+DEFINE_string(comm, "auto", "communication backend: auto (MPI under mpirun/srun), local, mpi");
+DEFINE_uint64(seed, 42, "random seed (shuffling, negatives, initialisation, dropout, evaluation negatives)");
+DEFINE_bool(progress, true, "print progress (rows/s, ETA) on stderr");
+// prepare
+DEFINE_string(format, "", "input format: sasrec | ml-1m | ml-25m | ml-20m | taobao | generic");
+DEFINE_string(input, "", "raw interaction file (plain, .gz or .xz)");
+DEFINE_string(out, "", "output directory (dataset for prepare/synth, run directory for train)");
+DEFINE_string(name, "", "dataset name (default: the input file's stem)");
+DEFINE_int64(shards, 1, "number of HDF5 shards to write");
+DEFINE_int32(kcore, 0, "iterative k-core filter on users and items; 0 = off");
+DEFINE_double(min_rating, 0, "keep only rows with rating >= this (formats with ratings; unset = keep all)");
+DEFINE_string(behaviors, "", "taobao: comma-separated behaviours to keep (pv,buy,cart,fav); empty = all");
+DEFINE_string(columns, "user,item,time", "generic: column names in order (user,item,time,rating,ignore)");
+DEFINE_string(delimiter, ",", "generic: field delimiter (one character, or 'tab')");
+DEFINE_bool(header, false, "generic: the first line is a header");
+DEFINE_string(user_features, "", "ML-1M users.dat to store as user features (gender, age, occupation, zip prefix)");
+DEFINE_string(user_id_map, "", "'dataset_id original_id' lines joining --user_features to the input's user ids");
+// synth
+DEFINE_int64(users, 1000, "synth: number of users");
+DEFINE_int64(items, 500, "synth: number of items");
+DEFINE_int64(events, 50000, "synth: number of events in total");
+DEFINE_int32(clusters, 0, "synth: item clusters with Markov transitions; 0 = sqrt(items)");
+// train / eval
+DEFINE_string(data, "", "dataset directory made by 'seqrec prepare' or 'seqrec synth'");
+DEFINE_string(model, "sasrec", "model: sasrec");
+DEFINE_int64(max_len, 200, "most recent items kept per sequence");
+DEFINE_int64(hidden, 50, "hidden size d");
+DEFINE_int64(blocks, 2, "attention blocks");
+DEFINE_int64(heads, 1, "attention heads");
+DEFINE_double(dropout, 0.2, "dropout rate");
+DEFINE_bool(norm_first, true, "pre-LN blocks (false: post-LN)");
+DEFINE_string(loss, "bce", "bce (one sampled negative per position) | ce (softmax over all items)");
+DEFINE_double(lr, 1e-3, "Adam learning rate");
+DEFINE_double(beta1, 0.9, "Adam beta1");
+DEFINE_double(beta2, 0.98, "Adam beta2");
+DEFINE_double(weight_decay, 0.0, "L2 weight decay");
+DEFINE_double(clip_norm, 0.0, "clip the global gradient norm to this; 0 = off");
+DEFINE_int64(warmup_steps, 0, "linear learning-rate warm-up steps");
+DEFINE_int64(epochs, 200, "training epochs");
+DEFINE_int64(batch_size, 128, "sequences per rank per step (global batch = batch_size x ranks)");
+DEFINE_int64(eval_every, 1, "validate every N epochs");
+DEFINE_int64(patience, 0, "stop after N validations without improvement; 0 = off");
+DEFINE_string(select_metric, "NDCG@10", "validation metric for model selection and early stopping");
+DEFINE_string(eval_protocol, "sampled", "sampled (1 target + N negatives) | full (rank all items)");
+DEFINE_int64(eval_negatives, 100, "negatives per user for the sampled protocol");
+DEFINE_string(eval_sampler, "uniform", "sampled negatives: uniform | popularity");
+DEFINE_bool(exclude_history, false, "full ranking: do not rank the user's history items");
+DEFINE_bool(full_ranking, true, "also report full-ranking metrics beside sampled ones");
+DEFINE_int64(eval_batch, 256, "users scored per forward pass in evaluation");
+DEFINE_string(resume, "", "'auto' (newest complete checkpoint in --out), a checkpoint directory, or empty");
+DEFINE_int64(checkpoint_every, 0, "also checkpoint every N steps; 0 = at each validation only");
+DEFINE_int32(keep_checkpoints, 3, "complete checkpoints kept");
+DEFINE_int64(max_steps, 0, "stop after this many optimizer steps; 0 = no limit");
+DEFINE_bool(final_test, true, "evaluate the validation-selected model on the test split at the end");
+DEFINE_double(log_every, 10, "seconds between progress lines");
+DEFINE_int32(prefetch, 4, "batches prepared ahead by the loader thread; 0 = synchronous");
+DEFINE_string(checkpoint, "", "eval/info: a checkpoint directory, a run's best/ or checkpoints/ directory");
+DEFINE_string(split, "test", "eval: valid | test");
+
+namespace seqrec {
+namespace {
+
+const std::vector<std::string> kCommon = {"threads", "flagfile"};
+const std::vector<std::string> kEvalFlags = {"eval_protocol", "eval_negatives", "eval_sampler",
+                                             "exclude_history", "eval_batch", "seed"};
+
+struct Subcommand {
+  std::string summary;
+  std::vector<std::string> flags;
+};
+
+const std::map<std::string, Subcommand>& subcommands() {
+  static const std::map<std::string, Subcommand> table = {
+      {"prepare",
+       {"raw interaction logs -> sharded HDF5 dataset directory",
+        {"format", "input", "out", "name", "shards", "kcore", "min_rating", "behaviors", "columns", "delimiter",
+         "header", "user_features", "user_id_map", "progress"}}},
+      {"synth",
+       {"deterministic synthetic dataset with learnable sequential structure",
+        {"out", "users", "items", "events", "seed", "shards", "clusters", "progress"}}},
+      {"train",
+       {"train a model (data parallel under mpirun), validate, checkpoint, test the selected model",
+        {"data", "out", "model", "max_len", "hidden", "blocks", "heads", "dropout", "norm_first", "loss", "lr",
+         "beta1", "beta2", "weight_decay", "clip_norm", "warmup_steps", "epochs", "batch_size", "eval_every",
+         "patience", "select_metric", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",
+         "full_ranking", "eval_batch", "resume", "checkpoint_every", "keep_checkpoints", "max_steps",
+         "final_test", "log_every", "prefetch", "seed", "comm"}}},
+      {"eval",
+       {"evaluate a checkpoint on the valid or test split",
+        {"checkpoint", "data", "split", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",
+         "eval_batch", "seed", "comm"}}},
+      {"info", {"print a dataset's or a checkpoint's metadata", {"data", "checkpoint"}}},
+  };
+  return table;
+}
+
+bool uses(const std::string& cmd, const std::string& flag) {
+  const auto& f = subcommands().at(cmd).flags;
+  return std::find(f.begin(), f.end(), flag) != f.end() ||
+         std::find(kCommon.begin(), kCommon.end(), flag) != kCommon.end();
+}
+
+}  // namespace
+
+bool is_subcommand(const std::string& cmd) { return subcommands().count(cmd) > 0; }
+
+void print_usage(const std::string& cmd) {
+  if (!is_subcommand(cmd)) {
+    std::printf("usage: seqrec <subcommand> [--flags] [--flagfile=FILE]\n\nsubcommands:\n");
+    for (auto& [name, sc] : subcommands()) std::printf("  %-8s %s\n", name.c_str(), sc.summary.c_str());
+    std::printf("\n'seqrec <subcommand> --help' lists that subcommand's flags.\n");
+    return;
+  }
+  const auto& sc = subcommands().at(cmd);
+  std::printf("usage: seqrec %s [flags]\n  %s\n\nflags:\n", cmd.c_str(), sc.summary.c_str());
+  std::vector<std::string> names = sc.flags;
+  names.push_back("threads");
+  for (auto& n : names) {
+    gflags::CommandLineFlagInfo info;
+    if (!gflags::GetCommandLineFlagInfo(n.c_str(), &info)) continue;
+    std::printf("  --%s (%s, default %s)\n      %s\n", n.c_str(), info.type.c_str(),
+                info.default_value.empty() ? "\"\"" : info.default_value.c_str(), info.description.c_str());
+  }
+  std::printf("  --flagfile=FILE\n      read flags from FILE (one --flag=value per line)\n");
+}
+
+void check_flags_apply(const std::string& cmd) {
+  std::vector<gflags::CommandLineFlagInfo> all;
+  gflags::GetAllFlags(&all);
+  for (auto& f : all) {
+    if (f.is_default || f.filename.find("launcher/flags.cpp") == std::string::npos) continue;
+    if (!uses(cmd, f.name))
+      throw std::runtime_error("flag --" + f.name + " does not apply to 'seqrec " + cmd + "'");
+  }
+}
+
+std::string effective_flags_text(const std::string& cmd) {
+  std::string out;
+  std::vector<std::string> names = subcommands().at(cmd).flags;
+  std::sort(names.begin(), names.end());
+  for (auto& n : names) {
+    std::string value;
+    if (gflags::GetCommandLineOption(n.c_str(), &value)) out += n + "=" + value + "\n";
+  }
+  return out;
+}
+
+}  // namespace seqrec

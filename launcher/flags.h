@@ -1,0 +1,77 @@
+#pragma once
+// All of seqrec's command-line flags (gflags), and which subcommand uses which.
+#include <gflags/gflags.h>
+
+#include <string>
+
+DECLARE_int32(threads);
+DECLARE_string(comm);
+DECLARE_uint64(seed);
+DECLARE_bool(progress);
+// prepare
+DECLARE_string(format);
+DECLARE_string(input);
+DECLARE_string(out);
+DECLARE_string(name);
+DECLARE_int64(shards);
+DECLARE_int32(kcore);
+DECLARE_double(min_rating);
+DECLARE_string(behaviors);
+DECLARE_string(columns);
+DECLARE_string(delimiter);
+DECLARE_bool(header);
+DECLARE_string(user_features);
+DECLARE_string(user_id_map);
+// synth
+DECLARE_int64(users);
+DECLARE_int64(items);
+DECLARE_int64(events);
+DECLARE_int32(clusters);
+// train / eval
+DECLARE_string(data);
+DECLARE_string(model);
+DECLARE_int64(max_len);
+DECLARE_int64(hidden);
+DECLARE_int64(blocks);
+DECLARE_int64(heads);
+DECLARE_double(dropout);
+DECLARE_bool(norm_first);
+DECLARE_string(loss);
+DECLARE_double(lr);
+DECLARE_double(beta1);
+DECLARE_double(beta2);
+DECLARE_double(weight_decay);
+DECLARE_double(clip_norm);
+DECLARE_int64(warmup_steps);
+DECLARE_int64(epochs);
+DECLARE_int64(batch_size);
+DECLARE_int64(eval_every);
+DECLARE_int64(patience);
+DECLARE_string(select_metric);
+DECLARE_string(eval_protocol);
+DECLARE_int64(eval_negatives);
+DECLARE_string(eval_sampler);
+DECLARE_bool(exclude_history);
+DECLARE_bool(full_ranking);
+DECLARE_int64(eval_batch);
+DECLARE_string(resume);
+DECLARE_int64(checkpoint_every);
+DECLARE_int32(keep_checkpoints);
+DECLARE_int64(max_steps);
+DECLARE_bool(final_test);
+DECLARE_double(log_every);
+DECLARE_int32(prefetch);
+DECLARE_string(checkpoint);
+DECLARE_string(split);
+
+namespace seqrec {
+
+bool is_subcommand(const std::string& cmd);
+// Usage for one subcommand (its flags with help and defaults), or the overview.
+void print_usage(const std::string& cmd);
+// Throws std::runtime_error when a flag that was set does not apply to `cmd`.
+void check_flags_apply(const std::string& cmd);
+// "name=value" lines of every flag `cmd` uses, sorted: the run's effective configuration.
+std::string effective_flags_text(const std::string& cmd);
+
+}  // namespace seqrec

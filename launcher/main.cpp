@@ -1,0 +1,337 @@
+// seqrec: the command-line entry point. Flags are defined only here, validated, and copied
+// into the libraries' option structs; libraries never read a flag.
+#include <gflags/gflags.h>
+#include <malloc.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dist/comm.h"
+#include "io/dataset.h"
+#include "io/log.h"
+#include "io/prepare.h"
+#include "launcher/flags.h"
+#include "models/model.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
+
+namespace seqrec {
+namespace {
+
+std::atomic<bool> g_stop{false};
+void on_signal(int) { g_stop.store(true); }
+
+// Invalid flags and bad input end with a message naming the problem and this exit code.
+constexpr int kUsageError = 2;
+constexpr int kRuntimeError = 1;
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw UsageError(message);
+}
+
+std::vector<std::string> split_list(const std::string& s, char sep = ',') {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, sep))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+train::EvalProtocol eval_protocol_from_flags() {
+  train::EvalProtocol p;
+  require(FLAGS_eval_protocol == "sampled" || FLAGS_eval_protocol == "full",
+          "--eval_protocol must be 'sampled' or 'full', got '" + FLAGS_eval_protocol + "'");
+  require(FLAGS_eval_sampler == "uniform" || FLAGS_eval_sampler == "popularity",
+          "--eval_sampler must be 'uniform' or 'popularity', got '" + FLAGS_eval_sampler + "'");
+  require(FLAGS_eval_negatives > 0, "--eval_negatives must be > 0, got " + std::to_string(FLAGS_eval_negatives));
+  p.sampled = FLAGS_eval_protocol == "sampled";
+  p.negatives = FLAGS_eval_negatives;
+  p.popularity = FLAGS_eval_sampler == "popularity";
+  p.exclude_history = FLAGS_exclude_history;
+  return p;
+}
+
+train::EvalOptions eval_options_from_flags() {
+  require(FLAGS_eval_batch > 0, "--eval_batch must be > 0");
+  train::EvalOptions e;
+  e.max_len = FLAGS_max_len;
+  e.batch_users = FLAGS_eval_batch;
+  e.seed = FLAGS_seed;
+  return e;
+}
+
+int local_size_from_env() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", "MPI_LOCALNRANKS"})
+    if (const char* s = std::getenv(v)) {
+      const int n = std::atoi(s);
+      if (n > 0) return n;
+    }
+  return 1;
+}
+
+void set_threads() {
+  require(FLAGS_threads >= 0, "--threads must be >= 0 (0 = cores / ranks on this node)");
+  int n = FLAGS_threads;
+  if (n == 0) n = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_size_from_env());
+  at::set_num_threads(n);
+  at::set_num_interop_threads(1);
+}
+
+int cmd_prepare() {
+  require(!FLAGS_input.empty(), "--input is required");
+  require(!FLAGS_out.empty(), "--out is required");
+  require(FLAGS_shards > 0, "--shards must be > 0, got " + std::to_string(FLAGS_shards));
+  require(FLAGS_kcore >= 0, "--kcore must be >= 0");
+  require(FLAGS_delimiter.size() == 1 || FLAGS_delimiter == "\\t" || FLAGS_delimiter == "tab",
+          "--delimiter must be one character (or 'tab'), got '" + FLAGS_delimiter + "'");
+  io::PrepareOptions o;
+  o.format = FLAGS_format;
+  o.input = FLAGS_input;
+  o.out = FLAGS_out;
+  o.name = FLAGS_name;
+  o.shards = FLAGS_shards;
+  o.kcore = FLAGS_kcore;
+  o.has_min_rating = !gflags::GetCommandLineFlagInfoOrDie("min_rating").is_default;
+  o.min_rating = FLAGS_min_rating;
+  o.behaviors = split_list(FLAGS_behaviors);
+  o.columns = split_list(FLAGS_columns);
+  o.delimiter = FLAGS_delimiter.size() == 1 ? FLAGS_delimiter[0] : '\t';
+  o.header = FLAGS_header;
+  o.user_features = FLAGS_user_features;
+  o.user_id_map = FLAGS_user_id_map;
+  o.progress = FLAGS_progress;
+  auto meta = io::prepare_dataset(o);
+  std::printf("%s", io::describe(meta).c_str());
+  return 0;
+}
+
+int cmd_synth() {
+  require(!FLAGS_out.empty(), "--out is required");
+  require(FLAGS_users > 0 && FLAGS_items > 1 && FLAGS_events >= 3 * FLAGS_users,
+          "--users > 0, --items > 1 and --events >= 3 * users are required");
+  require(FLAGS_shards > 0, "--shards must be > 0");
+  io::SynthOptions o;
+  o.out = FLAGS_out;
+  o.users = FLAGS_users;
+  o.items = FLAGS_items;
+  o.events = FLAGS_events;
+  o.seed = FLAGS_seed;
+  o.shards = FLAGS_shards;
+  o.clusters = FLAGS_clusters;
+  o.progress = FLAGS_progress;
+  auto meta = io::synth_dataset(o);
+  std::printf("%s", io::describe(meta).c_str());
+  return 0;
+}
+
+models::ModelOptions model_options_from_flags() {
+  models::ModelOptions m;
+  m.model = FLAGS_model;
+  m.max_len = FLAGS_max_len;
+  m.hidden = FLAGS_hidden;
+  m.blocks = FLAGS_blocks;
+  m.heads = FLAGS_heads;
+  m.dropout = FLAGS_dropout;
+  m.norm_first = FLAGS_norm_first;
+  m.init_seed = FLAGS_seed;
+  m.num_items = 1;  // replaced by the dataset's count; validated here for the other fields
+  try {
+    models::validate(m);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("invalid model flags: ") + e.what());
+  }
+  return m;
+}
+
+int cmd_train(dist::Comm& comm) {
+  require(!FLAGS_data.empty(), "--data is required");
+  require(!FLAGS_out.empty(), "--out is required");
+  require(FLAGS_max_len > 0, "--max_len must be > 0, got " + std::to_string(FLAGS_max_len));
+  require(FLAGS_batch_size > 0, "--batch_size must be > 0, got " + std::to_string(FLAGS_batch_size));
+  require(FLAGS_lr > 0, "--lr must be > 0, got " + std::to_string(FLAGS_lr));
+  require(FLAGS_beta1 >= 0 && FLAGS_beta1 < 1 && FLAGS_beta2 >= 0 && FLAGS_beta2 < 1, "--beta1/--beta2 must be in [0, 1)");
+  require(FLAGS_weight_decay >= 0, "--weight_decay must be >= 0");
+  require(FLAGS_clip_norm >= 0, "--clip_norm must be >= 0 (0 = off)");
+  require(FLAGS_epochs > 0, "--epochs must be > 0");
+  require(FLAGS_eval_every > 0, "--eval_every must be > 0");
+  require(FLAGS_patience >= 0, "--patience must be >= 0 (0 = no early stopping)");
+  require(FLAGS_loss == "bce" || FLAGS_loss == "ce", "--loss must be 'bce' or 'ce', got '" + FLAGS_loss + "'");
+  require(FLAGS_keep_checkpoints > 0, "--keep_checkpoints must be > 0");
+  require(FLAGS_checkpoint_every >= 0 && FLAGS_max_steps >= 0 && FLAGS_warmup_steps >= 0,
+          "--checkpoint_every, --max_steps and --warmup_steps must be >= 0");
+  const std::set<std::string> metrics = {"HR@5", "HR@10", "HR@20", "NDCG@5", "NDCG@10", "NDCG@20",
+                                         "MRR@5", "MRR@10", "MRR@20", "MRR"};
+  require(metrics.count(FLAGS_select_metric), "--select_metric must be one of HR@k, NDCG@k, MRR@k (k = 5, 10, 20) or MRR; got '" + FLAGS_select_metric + "'");
+  train::TrainOptions o;
+  o.data = FLAGS_data;
+  o.out = FLAGS_out;
+  o.model = model_options_from_flags();
+  o.loader.max_len = FLAGS_max_len;
+  o.loader.batch_size = FLAGS_batch_size;
+  o.loader.seed = FLAGS_seed;
+  o.loader.prefetch = FLAGS_prefetch;
+  o.loss = FLAGS_loss;
+  o.adam.lr = FLAGS_lr;
+  o.adam.beta1 = FLAGS_beta1;
+  o.adam.beta2 = FLAGS_beta2;
+  o.adam.weight_decay = FLAGS_weight_decay;
+  o.clip_norm = FLAGS_clip_norm;
+  o.warmup_steps = FLAGS_warmup_steps;
+  o.epochs = FLAGS_epochs;
+  o.eval_every = FLAGS_eval_every;
+  o.patience = FLAGS_patience;
+  o.select_metric = FLAGS_select_metric;
+  o.select_protocol = eval_protocol_from_flags();
+  o.also_full_ranking = FLAGS_full_ranking;
+  o.eval = eval_options_from_flags();
+  o.resume = FLAGS_resume;
+  o.checkpoint_every = FLAGS_checkpoint_every;
+  o.keep_checkpoints = FLAGS_keep_checkpoints;
+  o.max_steps = FLAGS_max_steps;
+  o.final_test = FLAGS_final_test;
+  o.log_every_seconds = FLAGS_log_every;
+  o.seed = FLAGS_seed;
+  o.config_text = effective_flags_text("train");
+  o.stop_requested = [] { return g_stop.load(); };
+  train::run_training(o, comm);
+  return 0;
+}
+
+int cmd_eval(dist::Comm& comm) {
+  require(!FLAGS_checkpoint.empty(), "--checkpoint is required");
+  require(!FLAGS_data.empty(), "--data is required");
+  require(FLAGS_split == "valid" || FLAGS_split == "test", "--split must be 'valid' or 'test', got '" + FLAGS_split + "'");
+  train::run_evaluation(FLAGS_checkpoint, FLAGS_data, FLAGS_split == "valid" ? train::Split::kValid : train::Split::kTest,
+                        eval_protocol_from_flags(), eval_options_from_flags(), comm);
+  return 0;
+}
+
+int cmd_info(const std::vector<std::string>& positional) {
+  std::string path = !positional.empty() ? positional[0] : (!FLAGS_data.empty() ? FLAGS_data : FLAGS_checkpoint);
+  require(!path.empty(), "give a dataset directory or a checkpoint directory (positional, --data or --checkpoint)");
+  namespace fs = std::filesystem;
+  require(fs::exists(path), "no such file or directory: '" + path + "'");
+  if (fs::exists(fs::path(path) / "meta.h5")) {
+    std::printf("%s", io::describe(io::read_meta(path)).c_str());
+    return 0;
+  }
+  std::string dir = path;
+  if (!fs::exists(fs::path(path) / "MANIFEST")) {
+    // A run directory or a checkpoints directory: show its newest complete checkpoint.
+    auto comm = dist::make_local_comm();
+    for (const std::string sub : {"", "/checkpoints", "/best"}) {
+      train::CheckpointManager mgr({path + sub, 1}, *comm);
+      if (auto latest = mgr.latest()) {
+        dir = *latest;
+        break;
+      }
+    }
+  }
+  require(fs::exists(fs::path(dir) / "MANIFEST"), "'" + path + "' is neither a dataset (meta.h5) nor a checkpoint");
+  train::verify_checkpoint(dir);
+  auto bundle = train::read_bundle_file(dir + "/shared.bin");
+  std::printf("checkpoint: %s\n", dir.c_str());
+  for (auto& [k, v] : bundle.meta) {
+    if (k == "config" || k == "model_signature") continue;
+    std::printf("  %s: %s\n", k.c_str(), v.c_str());
+  }
+  if (bundle.meta.count("model_signature")) {
+    std::printf("model:\n");
+    for (auto& line : split_list(bundle.value("model_signature"), '\n')) std::printf("  %s\n", line.c_str());
+  }
+  int64_t n = 0, bytes = 0;
+  for (auto& [name, t] : bundle.tensors)
+    if (name.rfind("param/", 0) == 0) {
+      n += t.numel();
+      bytes += t.numel() * t.element_size();
+    }
+  std::printf("parameters: %lld (%.2f MiB)\n", static_cast<long long>(n), bytes / 1048576.0);
+  if (bundle.meta.count("config")) std::printf("config:\n%s", bundle.value("config").c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace seqrec
+
+int main(int argc, char** argv) {
+  using namespace seqrec;
+  // Keep large freed blocks in the heap instead of returning them to the OS and faulting
+  // them back every step (machine-facts.md: 5.5x on large elementwise loops).
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
+      std::string(argv[1]) == "help") {
+    print_usage(argc >= 3 ? argv[2] : "");
+    return argc < 2 ? kUsageError : 0;
+  }
+  const std::string cmd = argv[1];
+  if (!is_subcommand(cmd)) {
+    std::fprintf(stderr, "seqrec: unknown subcommand '%s'\n", cmd.c_str());
+    print_usage("");
+    return kUsageError;
+  }
+  std::vector<char*> args{argv[0]};
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h" || a == "-help" || a == "--helpfull") {
+      print_usage(cmd);
+      return 0;
+    }
+    args.push_back(argv[i]);
+  }
+  int n = static_cast<int>(args.size());
+  char** av = args.data();
+  gflags::SetUsageMessage("seqrec " + cmd + " [flags]; seqrec " + cmd + " --help lists them");
+  gflags::ParseCommandLineFlags(&n, &av, /*remove_flags=*/true);
+  std::vector<std::string> positional(av + 1, av + n);
+
+  try {
+    check_flags_apply(cmd);
+    if (cmd != "info") require(positional.empty(), "unexpected argument '" + (positional.empty() ? "" : positional[0]) + "'");
+    set_threads();
+    if (cmd == "prepare") return cmd_prepare();
+    if (cmd == "synth") return cmd_synth();
+    if (cmd == "info") return cmd_info(positional);
+    std::signal(SIGTERM, on_signal);
+    std::signal(SIGUSR1, on_signal);
+    std::signal(SIGINT, on_signal);
+    auto comm = dist::make_comm(FLAGS_comm);
+    try {
+      if (cmd == "train") return cmd_train(*comm);
+      if (cmd == "eval") return cmd_eval(*comm);
+    } catch (const UsageError&) {
+      throw;
+    } catch (const std::exception& e) {
+      // Every rank that fails reports; a failure on some ranks only must not leave the
+      // others waiting in a collective.
+      std::fprintf(stderr, "seqrec %s: error (rank %d): %s\n", cmd.c_str(), comm->rank(), e.what());
+      std::fflush(stderr);
+      if (comm->size() > 1) comm->abort(kRuntimeError);
+      return kRuntimeError;
+    }
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "seqrec %s: %s\n", cmd.c_str(), e.what());
+    return kUsageError;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "seqrec %s: error: %s\n", cmd.c_str(), e.what());
+    return kRuntimeError;
+  }
+  return 0;
+}

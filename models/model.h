@@ -1,0 +1,57 @@
+#pragma once
+// The model-facing contract the trainer codes against. Torch module classes stay inside
+// models/*.cpp; this header needs only the Tensor type.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace seqrec::models {
+
+struct ModelOptions {
+  std::string model = "sasrec";
+  int64_t num_items = 0;      // dense items 1..num_items; row 0 of the embedding is padding
+  int64_t max_len = 200;
+  int64_t hidden = 50;
+  int64_t blocks = 2;
+  int64_t heads = 1;
+  double dropout = 0.2;       // embedding, attention-probability and FFN dropout
+  bool norm_first = true;     // pre-LN blocks; false = post-LN
+  double layer_norm_eps = 1e-8;
+  uint64_t init_seed = 0;     // parameter initialisation (identical on every rank)
+};
+
+// Model-affecting options as "key=value" lines; stored in checkpoints and compared on load.
+std::string model_signature(const ModelOptions& options);
+// Inverse of model_signature; throws std::invalid_argument naming an unknown or bad key.
+ModelOptions parse_model_signature(const std::string& text);
+// "" when equal, else the differing keys as "key: a vs b" lines.
+std::string signature_difference(const std::string& a, const std::string& b);
+// Validates options; throws std::invalid_argument naming the bad field.
+void validate(const ModelOptions& options);
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+class SequenceModel {
+ public:
+  virtual ~SequenceModel() = default;
+  // input [B, L] int64, left-padded with 0 -> hidden states [B, L, D]; padded slots are 0.
+  virtual at::Tensor encode(const at::Tensor& input) = 0;
+  // [num_items + 1, D] output item representations that hidden states are scored against.
+  virtual at::Tensor item_embeddings() = 0;
+  virtual NamedTensors named_parameters() = 0;
+  // State that is not trained by gradient but must be checkpointed (EMA statistics, ...).
+  virtual NamedTensors named_buffers() = 0;
+  virtual void set_training(bool on) = 0;
+  virtual const ModelOptions& options() const = 0;
+};
+
+// Throws std::invalid_argument for an unknown model name (listing the known ones).
+std::unique_ptr<SequenceModel> make_model(const ModelOptions& options);
+
+std::vector<std::string> known_models();
+
+}  // namespace seqrec::models

@@ -1,0 +1,26 @@
+#pragma once
+// Causal multi-head softmax attention (SASRec's), one host entry point. The ATen
+// reference runs on any device and differentiates through autograd; a fused CUDA kernel
+// will sit behind this same signature.
+#include <ATen/core/Tensor.h>
+
+namespace seqrec::ops {
+
+// q, k, v: [B, H, L, Dh]; key_padding: [B, L] bool, true where the slot is padding.
+// Query i attends keys j <= i that are not padding. A query with no visible key (a padded
+// slot before the first item under left padding) attends only itself, so no row is empty;
+// callers zero padded outputs. Scores are scaled by 1/sqrt(Dh). `dropout` applies to the
+// attention probabilities when `training`.
+at::Tensor causal_softmax_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& key_padding, double dropout, bool training);
+
+// The additive mask the op uses: [B, 1, L, L] with 0 where attention is allowed and -inf
+// elsewhere. Exposed for tests and for callers that reuse one mask across layers.
+at::Tensor causal_padding_bias(const at::Tensor& key_padding, at::ScalarType dtype);
+
+// Same as above with a precomputed bias from causal_padding_bias.
+at::Tensor causal_softmax_attention_biased(const at::Tensor& q, const at::Tensor& k,
+                                           const at::Tensor& v, const at::Tensor& bias,
+                                           double dropout, bool training);
+
+}  // namespace seqrec::ops

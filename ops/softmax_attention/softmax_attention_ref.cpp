@@ -1,0 +1,50 @@
+#include "ops/softmax_attention/softmax_attention.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+
+namespace seqrec::ops {
+
+at::Tensor causal_padding_bias(const at::Tensor& key_padding, at::ScalarType dtype) {
+  TORCH_CHECK(key_padding.dim() == 2, "key_padding must be [B, L], got ", key_padding.sizes());
+  TORCH_CHECK(key_padding.scalar_type() == at::kBool, "key_padding must be bool");
+  const int64_t L = key_padding.size(1);
+  auto opts = key_padding.options().dtype(at::kBool);
+  // allowed[b, i, j] = j <= i && !pad[b, j], plus the diagonal so no row is empty.
+  auto causal = torch::ones({L, L}, opts).tril();
+  auto allowed = causal.unsqueeze(0) & key_padding.logical_not().unsqueeze(1);
+  allowed = allowed | torch::eye(L, opts).unsqueeze(0);
+  auto bias = torch::zeros(allowed.sizes(), key_padding.options().dtype(dtype));
+  bias.masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+  return bias.unsqueeze(1);
+}
+
+at::Tensor causal_softmax_attention_biased(const at::Tensor& q, const at::Tensor& k,
+                                           const at::Tensor& v, const at::Tensor& bias,
+                                           double dropout, bool training) {
+  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.sizes() == q.sizes(),
+              "q, k, v must be [B, H, L, Dh] of one shape; got q ", q.sizes(), " k ", k.sizes(),
+              " v ", v.sizes());
+  TORCH_CHECK(bias.dim() == 4 && bias.size(2) == q.size(2) && bias.size(3) == q.size(2),
+              "bias must be [B, 1, L, L]; got ", bias.sizes());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  // baddbmm-style fused scale: scores = bias + scale * q k^T
+  auto scores = torch::matmul(q, k.transpose(-2, -1)).mul_(scale).add_(bias);
+  auto probs = torch::softmax(scores, -1);
+  if (training && dropout > 0) probs = torch::dropout(probs, dropout, true);
+  return torch::matmul(probs, v);
+}
+
+at::Tensor causal_softmax_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& key_padding, double dropout, bool training) {
+  TORCH_CHECK(key_padding.dim() == 2 && key_padding.size(0) == q.size(0) &&
+                  key_padding.size(1) == q.size(2),
+              "key_padding must be [B, L] matching q; got ", key_padding.sizes(), " for q ",
+              q.sizes());
+  return causal_softmax_attention_biased(q, k, v, causal_padding_bias(key_padding, q.scalar_type()),
+                                         dropout, training);
+}
+
+}  // namespace seqrec::ops

@@ -1,0 +1,71 @@
+#pragma once
+// Leave-one-out evaluation under a named protocol: full ranking over all items, or 1 target
+// + N sampled negatives (uniform or popularity-proportional, never in the user's sequence).
+// Ties count against the target (pessimistic rank). Users are scored many per forward pass.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "io/dataset.h"
+
+namespace seqrec::models {
+class SequenceModel;
+}
+namespace seqrec::dist {
+class Comm;
+}
+
+namespace seqrec::train {
+
+enum class Split { kValid, kTest };
+const char* split_name(Split s);
+
+struct EvalProtocol {
+  bool sampled = true;            // false: full ranking over items 1..num_items
+  int64_t negatives = 100;        // sampled only
+  bool popularity = false;        // sampled only: negatives proportional to training counts
+  bool exclude_history = false;   // full only: the user's history items are not ranked
+  std::string describe() const;   // e.g. "sampled: 1 target + 100 uniform negatives not in the user's sequence"
+  std::string key() const;        // short id: "sampled100-uniform", "full", "full-exclude-history"
+};
+
+struct EvalOptions {
+  int64_t max_len = 200;
+  int64_t batch_users = 256;
+  uint64_t seed = 42;
+  std::vector<int> ks{5, 10, 20};
+};
+
+struct EvalResult {
+  Split split = Split::kValid;
+  EvalProtocol protocol;
+  int64_t users = 0;                      // evaluated users, all ranks
+  std::map<std::string, double> metrics;  // HR@k, NDCG@k, MRR@k, MRR
+  double seconds = 0;
+  double get(const std::string& name) const;  // throws naming the metric
+};
+
+// Training-item counts over all ranks (index = item id), for popularity negatives.
+std::vector<double> item_popularity(const io::UserSequences& seqs, const io::DatasetMeta& meta,
+                                    dist::Comm& comm);
+
+// Collective over `comm`: each rank scores the users it owns; sums are all-reduced.
+EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
+                    const io::DatasetMeta& meta, Split split, const EvalProtocol& protocol,
+                    const EvalOptions& options, dist::Comm& comm,
+                    const std::vector<double>* popularity = nullptr);
+
+// Rank of the target (1 = best) among candidates; ties count against the target.
+// scores[0] is the target; returns 1 + #{j > 0 : scores[j] >= scores[0]}.
+int64_t pessimistic_rank(const float* scores, int64_t n);
+
+// Adds HR/NDCG/MRR at each k (and untruncated MRR) for one user's rank to `sums`.
+void accumulate_rank(int64_t rank, const std::vector<int>& ks, std::map<std::string, double>& sums);
+
+// One line: "dataset=ml-1m split=test protocol=... tie=pessimistic users=6040 HR@10=..."
+std::string format_result(const EvalResult& r, const std::string& dataset, int64_t epoch);
+// One JSON object (no newline) with the same fields.
+std::string result_json(const EvalResult& r, const std::string& dataset, int64_t epoch, int64_t step);
+
+}  // namespace seqrec::train

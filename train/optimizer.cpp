@@ -1,0 +1,87 @@
+#include "train/optimizer.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <map>
+#include <stdexcept>
+
+namespace seqrec::train {
+
+Adam::Adam(std::vector<std::pair<std::string, at::Tensor>> params, AdamOptions options)
+    : params_(std::move(params)), o_(options) {
+  for (auto& [name, p] : params_) {
+    m_.push_back(torch::zeros_like(p));
+    v_.push_back(torch::zeros_like(p));
+  }
+}
+
+void Adam::zero_grad() {
+  for (auto& [name, p] : params_)
+    if (p.grad().defined()) p.mutable_grad().zero_();
+}
+
+void Adam::step(double lr) {
+  torch::NoGradGuard no_grad;
+  ++step_;
+  const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(step_));
+  const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(step_));
+  const double step_size = lr / bc1;
+  const double bc2_sqrt = std::sqrt(bc2);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto& p = params_[i].second;
+    if (!p.grad().defined()) continue;
+    at::Tensor g = p.grad();
+    if (o_.weight_decay != 0) g = g.add(p, o_.weight_decay);
+    m_[i].mul_(o_.beta1).add_(g, 1.0 - o_.beta1);
+    v_[i].mul_(o_.beta2).addcmul_(g, g, 1.0 - o_.beta2);
+    auto denom = (v_[i].sqrt() / bc2_sqrt).add_(o_.eps);
+    p.addcdiv_(m_[i], denom, -step_size);
+  }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Adam::state() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  out.emplace_back("step", torch::tensor({step_}, torch::kInt64));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out.emplace_back("exp_avg/" + params_[i].first, m_[i]);
+    out.emplace_back("exp_avg_sq/" + params_[i].first, v_[i]);
+  }
+  return out;
+}
+
+void Adam::load_state(const std::vector<std::pair<std::string, at::Tensor>>& state) {
+  std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
+  auto get = [&](const std::string& key, const at::Tensor& like) {
+    auto it = by_name.find(key);
+    if (it == by_name.end()) throw std::runtime_error("optimizer state has no entry '" + key + "'");
+    if (it->second.sizes() != like.sizes())
+      throw std::runtime_error("optimizer state '" + key + "' has shape " +
+                               c10::str(it->second.sizes()) + ", expected " + c10::str(like.sizes()));
+    return it->second;
+  };
+  torch::NoGradGuard no_grad;
+  auto s = by_name.find("step");
+  if (s == by_name.end()) throw std::runtime_error("optimizer state has no entry 'step'");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    m_[i].copy_(get("exp_avg/" + params_[i].first, m_[i]));
+    v_[i].copy_(get("exp_avg_sq/" + params_[i].first, v_[i]));
+  }
+  step_ = s->second.item<int64_t>();
+}
+
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+  torch::NoGradGuard no_grad;
+  double sq = 0;
+  for (auto& p : params)
+    if (p.grad().defined()) sq += p.grad().pow(2).sum().item<double>();
+  const double norm = std::sqrt(sq);
+  if (max_norm > 0 && norm > max_norm) {
+    const double scale = max_norm / (norm + 1e-6);
+    for (auto& p : params)
+      if (p.grad().defined()) p.mutable_grad().mul_(scale);
+  }
+  return norm;
+}
+
+}  // namespace seqrec::train

@@ -1,0 +1,44 @@
+#pragma once
+// Adam with L2 weight decay (as torch.optim.Adam), written out so that its whole state is
+// plain named tensors for checkpoints and so the update can run in place on flat buffers.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace seqrec::train {
+
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.98;
+  double eps = 1e-8;
+  double weight_decay = 0.0;  // L2 added to the gradient (not decoupled)
+};
+
+class Adam {
+ public:
+  Adam(std::vector<std::pair<std::string, at::Tensor>> params, AdamOptions options);
+  // One update with learning rate `lr` (the schedule lives in the caller).
+  void step(double lr);
+  void zero_grad();
+  int64_t steps() const { return step_; }
+
+  // exp_avg/<name>, exp_avg_sq/<name> and "step".
+  std::vector<std::pair<std::string, at::Tensor>> state() const;
+  // Throws std::runtime_error naming a missing or mis-shaped entry.
+  void load_state(const std::vector<std::pair<std::string, at::Tensor>>& state);
+
+ private:
+  std::vector<std::pair<std::string, at::Tensor>> params_;
+  std::vector<at::Tensor> m_, v_;
+  AdamOptions o_;
+  int64_t step_ = 0;
+};
+
+// Scales gradients so their global L2 norm is at most max_norm; returns the norm before.
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+
+}  // namespace seqrec::train

@@ -1,0 +1,451 @@
+#include "train/trainer.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+#include "dist/comm.h"
+#include "dist/data_parallel.h"
+#include "io/dataset.h"
+#include "io/log.h"
+#include "train/checkpoint.h"
+
+namespace seqrec::train {
+namespace fs = std::filesystem;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const int64_t t = static_cast<int64_t>(s + 0.5);
+  std::ostringstream o;
+  if (t >= 3600) o << t / 3600 << "h" << std::setw(2) << std::setfill('0') << (t % 3600) / 60 << "m";
+  else if (t >= 60) o << t / 60 << "m" << std::setw(2) << std::setfill('0') << t % 60 << "s";
+  else o << t << "s";
+  return o.str();
+}
+
+// Rank 0 writes the run's human log (stdout + <out>/train.log) and metrics.jsonl.
+class RunLog {
+ public:
+  RunLog(const std::string& out, bool active) : active_(active) {
+    if (!active_) return;
+    log_.open(out + "/train.log", std::ios::app);
+    metrics_.open(out + "/metrics.jsonl", std::ios::app);
+    if (!log_ || !metrics_) throw std::runtime_error("cannot open train.log / metrics.jsonl in " + out);
+  }
+  void line(const std::string& s) {
+    if (!active_) return;
+    std::printf("%s\n", s.c_str());
+    std::fflush(stdout);
+    log_ << s << "\n";
+    log_.flush();
+  }
+  void metrics(const std::string& json) {
+    if (!active_) return;
+    metrics_ << json << "\n";
+    metrics_.flush();
+  }
+
+ private:
+  bool active_;
+  std::ofstream log_, metrics_;
+};
+
+// Progress of the run that must survive a restart.
+struct Progress {
+  int64_t step = 0;               // optimizer steps taken
+  int64_t evaluated_epochs = 0;   // validation done after this many epochs
+  double best_value = -std::numeric_limits<double>::infinity();
+  int64_t best_epoch = -1;
+  int64_t bad_evals = 0;          // validations since the last improvement
+  double train_seconds = 0;       // wall time spent in training steps
+};
+
+double lr_at(const TrainOptions& o, int64_t step) {
+  if (o.warmup_steps > 0 && step < o.warmup_steps)
+    return o.adam.lr * static_cast<double>(step + 1) / static_cast<double>(o.warmup_steps);
+  return o.adam.lr;
+}
+
+at::Generator& dropout_generator() {
+  static at::Generator gen = at::detail::getDefaultCPUGenerator();
+  return gen;
+}
+
+at::Tensor generator_state() {
+  auto& gen = dropout_generator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_generator_state(const at::Tensor& state) {
+  auto& gen = dropout_generator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+void seed_generator(uint64_t seed) {
+  auto& gen = dropout_generator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_current_seed(seed);
+}
+
+// Loss summed over this rank's target positions (the caller normalises by the global count).
+at::Tensor loss_sum(models::SequenceModel& model, const io::TrainBatch& b, const std::string& kind) {
+  auto h = model.encode(b.input);  // [n, L, D]
+  auto mask = b.pos.ne(0);
+  auto hp = h.index({mask});       // [T, D]
+  auto table = model.item_embeddings();
+  if (kind == "bce") {
+    auto pos_logit = (hp * table.index_select(0, b.pos.index({mask}))).sum(-1);
+    auto neg_logit = (hp * table.index_select(0, b.neg.index({mask}))).sum(-1);
+    // -log sigmoid(x) = softplus(-x); -log(1 - sigmoid(x)) = softplus(x)
+    return torch::softplus(-pos_logit).sum() + torch::softplus(neg_logit).sum();
+  }
+  auto logits = torch::matmul(hp, table.t());  // [T, N+1]; column 0 is padding
+  logits.select(1, 0).fill_(-std::numeric_limits<float>::infinity());
+  return torch::nn::functional::cross_entropy(
+      logits, b.pos.index({mask}), torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+}
+
+std::string fmt(double v, int precision = 4) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(precision) << v;
+  return s.str();
+}
+
+TensorBundle make_snapshot(models::SequenceModel& model, const Adam& adam, const io::Cursor& cursor,
+                           const Progress& p, const TrainOptions& o, int world) {
+  TensorBundle b;
+  for (auto& [n, t] : model.named_parameters()) b.tensors.emplace_back("param/" + n, t.detach());
+  for (auto& [n, t] : model.named_buffers()) b.tensors.emplace_back("buffer/" + n, t.detach());
+  for (auto& [n, t] : adam.state()) b.tensors.emplace_back("adam/" + n, t);
+  b.meta["kind"] = "seqrec-train-state";
+  b.meta["step"] = std::to_string(p.step);
+  b.meta["cursor_epoch"] = std::to_string(cursor.epoch);
+  b.meta["cursor_step"] = std::to_string(cursor.step);
+  b.meta["evaluated_epochs"] = std::to_string(p.evaluated_epochs);
+  std::ostringstream best;
+  best.precision(17);
+  best << p.best_value;
+  b.meta["best_value"] = best.str();
+  b.meta["best_epoch"] = std::to_string(p.best_epoch);
+  b.meta["bad_evals"] = std::to_string(p.bad_evals);
+  b.meta["train_seconds"] = std::to_string(p.train_seconds);
+  b.meta["model_signature"] = models::model_signature(model.options());
+  b.meta["config"] = o.config_text;
+  b.meta["dataset"] = o.data;
+  b.meta["world_size"] = std::to_string(world);
+  return b;
+}
+
+void load_parameters(models::SequenceModel& model, const TensorBundle& b, const std::string& where) {
+  torch::NoGradGuard no_grad;
+  auto copy = [&](const std::string& key, at::Tensor t) {
+    if (!b.has_tensor(key)) throw std::runtime_error(where + ": checkpoint has no tensor '" + key + "'");
+    const auto& src = b.tensor(key);
+    if (src.sizes() != t.sizes())
+      throw std::runtime_error(where + ": tensor '" + key + "' has shape " + c10::str(src.sizes()) +
+                               " in the checkpoint, the model expects " + c10::str(t.sizes()));
+    t.copy_(src);
+  };
+  for (auto& [n, t] : model.named_parameters()) copy("param/" + n, t);
+  for (auto& [n, t] : model.named_buffers()) copy("buffer/" + n, t);
+}
+
+void check_model_signature(const TensorBundle& b, const models::ModelOptions& mine, const std::string& where) {
+  const std::string theirs = b.value("model_signature");
+  const std::string diff = models::signature_difference(theirs, models::model_signature(mine));
+  if (!diff.empty())
+    throw std::runtime_error(where + " was written by a different model configuration (checkpoint vs this run):\n" +
+                             diff);
+}
+
+// A checkpoint directory, or a directory of them (then its newest complete one).
+std::string resolve_checkpoint(const std::string& path, dist::Comm& comm) {
+  if (fs::exists(fs::path(path) / "COMPLETE") || fs::exists(fs::path(path) / "MANIFEST")) return path;
+  CheckpointManager mgr({path, 1}, comm);
+  auto latest = mgr.latest();
+  if (!latest) throw std::runtime_error("no complete checkpoint in '" + path + "'");
+  return *latest;
+}
+
+}  // namespace
+
+TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
+  const int rank = comm.rank(), world = comm.size();
+  dist::check_same_config(comm, o.config_text);
+
+  if (rank == 0) {
+    fs::create_directories(o.out);
+    std::ofstream flags(o.out + "/flags.txt");
+    flags << o.config_text;
+    if (!flags) throw std::runtime_error("cannot write " + o.out + "/flags.txt");
+  }
+  comm.barrier();
+  RunLog log(o.out, rank == 0);
+
+  const io::DatasetMeta meta = io::read_meta(o.data);
+  const io::UserSequences seqs = io::load_shards(o.data, meta, rank, world);
+  models::ModelOptions mo = o.model;
+  mo.num_items = meta.num_items;
+  mo.max_len = o.loader.max_len;
+  auto model = models::make_model(mo);
+  auto named = model->named_parameters();
+  std::vector<at::Tensor> params;
+  int64_t num_params = 0;
+  for (auto& [n, t] : named) {
+    params.push_back(t);
+    num_params += t.numel();
+    // Defined, zeroed gradients: a rank with no examples in a step still all-reduces zeros.
+    t.mutable_grad() = torch::zeros_like(t);
+  }
+  dist::broadcast_parameters(comm, params, 0);
+  Adam adam(named, o.adam);
+  io::TrainLoader loader(seqs, meta, o.loader, rank, world);
+  std::vector<double> popularity;
+  if (o.select_protocol.popularity) popularity = item_popularity(seqs, meta, comm);
+
+  CheckpointManager ckpt({o.out + "/checkpoints", o.keep_checkpoints}, comm);
+  CheckpointManager best_ckpt({o.out + "/best", 1}, comm);
+  seed_generator(o.seed * 1000003ull + static_cast<uint64_t>(rank));
+
+  Progress p;
+  std::optional<std::string> resume_from;
+  if (o.resume == "auto") {
+    resume_from = ckpt.latest();
+    if (!resume_from) log.line("[resume] no complete checkpoint in " + o.out + "/checkpoints: starting fresh");
+  } else if (!o.resume.empty()) {
+    resume_from = resolve_checkpoint(o.resume, comm);
+  } else if (ckpt.latest()) {
+    throw std::runtime_error("run directory " + o.out +
+                             " already holds checkpoints: pass --resume auto to continue it, or a new --out");
+  }
+  if (resume_from) {
+    auto loaded = ckpt.load(*resume_from);
+    const auto& s = loaded.shared;
+    if (!s.meta.count("kind") || s.value("kind") != "seqrec-train-state")
+      throw std::runtime_error(*resume_from + " is not a seqrec training checkpoint");
+    check_model_signature(s, mo, *resume_from);
+    load_parameters(*model, s, *resume_from);
+    std::vector<std::pair<std::string, at::Tensor>> adam_state;
+    for (auto& [n, t] : s.tensors)
+      if (n.rfind("adam/", 0) == 0) adam_state.emplace_back(n.substr(5), t);
+    adam.load_state(adam_state);
+    p.step = std::stoll(s.value("step"));
+    p.evaluated_epochs = std::stoll(s.value("evaluated_epochs"));
+    p.best_value = std::stod(s.value("best_value"));
+    p.best_epoch = std::stoll(s.value("best_epoch"));
+    p.bad_evals = std::stoll(s.value("bad_evals"));
+    p.train_seconds = std::stod(s.value("train_seconds"));
+    io::Cursor c{std::stoll(s.value("cursor_epoch")), std::stoll(s.value("cursor_step"))};
+    const int saved_world = loaded.saved_world_size;
+    if (saved_world != world) {
+      // Same global batch only when world * batch is unchanged; otherwise the cursor's step
+      // index means a different position in the epoch: restart that epoch's remainder at
+      // the equivalent example offset.
+      const int64_t saved_global = o.loader.batch_size * saved_world;  // per-rank batch assumed unchanged
+      const int64_t offset = c.step * saved_global;
+      c.step = std::min(loader.steps_per_epoch() - 1, offset / (o.loader.batch_size * world));
+      log.line("[resume] saved with " + std::to_string(saved_world) + " ranks, resuming with " +
+               std::to_string(world) + ": dropout streams re-seeded");
+      seed_generator(o.seed * 1000003ull + static_cast<uint64_t>(rank) + 7919ull * p.step);
+    } else if (loaded.per_rank && loaded.per_rank->has_tensor("rng/cpu")) {
+      set_generator_state(loaded.per_rank->tensor("rng/cpu"));
+    }
+    loader.seek(c);
+    log.line("[resume] " + *resume_from + ": step " + std::to_string(p.step) + ", epoch " +
+             std::to_string(c.epoch) + " batch " + std::to_string(c.step));
+  }
+
+  log.line("[setup] dataset=" + meta.name + " users=" + std::to_string(meta.num_users) +
+           " items=" + std::to_string(meta.num_items) + " events=" + std::to_string(meta.num_events) +
+           " ranks=" + std::to_string(world) + " threads/rank=" + std::to_string(at::get_num_threads()));
+  log.line(std::string("[setup] split: ") + io::kSplitRule);
+  log.line("[setup] model=" + mo.model + " params=" + std::to_string(num_params) + " max_len=" +
+           std::to_string(mo.max_len) + " hidden=" + std::to_string(mo.hidden) + " blocks=" +
+           std::to_string(mo.blocks) + " heads=" + std::to_string(mo.heads) + " loss=" + o.loss +
+           " batch/rank=" + std::to_string(o.loader.batch_size) + " steps/epoch=" +
+           std::to_string(loader.steps_per_epoch()));
+  log.line("[setup] model selection: valid " + o.select_metric + " under \"" + o.select_protocol.describe() + "\"");
+
+  TrainSummary summary;
+  int64_t last_saved_step = resume_from ? p.step : -1;
+  const int64_t steps_per_epoch = loader.steps_per_epoch();
+  auto save_checkpoint = [&] {
+    ckpt.save(p.step, make_snapshot(*model, adam, loader.cursor(), p, o, world),
+              TensorBundle{{{"rng/cpu", generator_state()}}, {}});
+    last_saved_step = p.step;
+  };
+  auto evaluate_and_log = [&](Split split, const EvalProtocol& proto, int64_t epoch) {
+    auto r = evaluate(*model, seqs, meta, split, proto, o.eval, comm, popularity.empty() ? nullptr : &popularity);
+    log.line(format_result(r, meta.name, epoch));
+    log.metrics(result_json(r, meta.name, epoch, p.step));
+    return r;
+  };
+
+  // Interval accumulators for the progress line (this rank's share; reduced when printed).
+  double loss_acc = 0, targets_acc = 0, users_acc = 0;
+  auto interval_start = Clock::now();
+  bool stop_signal = false;
+  for (;;) {
+    const io::Cursor c = loader.cursor();
+    const bool epoch_boundary = c.step == 0 && c.epoch > 0;
+
+    // 1. Validate (and select) at epoch boundaries.
+    if (epoch_boundary && c.epoch > p.evaluated_epochs &&
+        (c.epoch % o.eval_every == 0 || c.epoch >= o.epochs)) {
+      auto r = evaluate_and_log(Split::kValid, o.select_protocol, c.epoch);
+      if (o.also_full_ranking && o.select_protocol.sampled) {
+        EvalProtocol full;
+        full.sampled = false;
+        evaluate_and_log(Split::kValid, full, c.epoch);
+      }
+      const double v = r.get(o.select_metric);
+      p.evaluated_epochs = c.epoch;
+      if (v > p.best_value) {
+        p.best_value = v;
+        p.best_epoch = c.epoch;
+        p.bad_evals = 0;
+        best_ckpt.save(p.step, make_snapshot(*model, adam, c, p, o, world), TensorBundle{});
+        log.line("[select] new best valid " + o.select_metric + "=" + fmt(v) + " at epoch " + std::to_string(c.epoch));
+      } else {
+        ++p.bad_evals;
+      }
+      model->set_training(true);
+    }
+
+    // 2. Checkpoint.
+    const bool periodic = o.checkpoint_every > 0 && p.step > 0 && p.step % o.checkpoint_every == 0;
+    if ((periodic || (epoch_boundary && p.evaluated_epochs == c.epoch)) && last_saved_step != p.step)
+      save_checkpoint();
+
+    // 3. Stop?
+    const bool done_epochs = c.epoch >= o.epochs;
+    const bool patience_out = o.patience > 0 && p.bad_evals >= o.patience;
+    const bool step_limit = o.max_steps > 0 && p.step >= o.max_steps;
+    if (done_epochs || patience_out || step_limit || stop_signal) {
+      if (last_saved_step != p.step) save_checkpoint();
+      if (patience_out) log.line("[stop] no improvement in " + std::to_string(o.patience) + " validations");
+      if (stop_signal) log.line("[stop] stop requested: checkpoint written at step " + std::to_string(p.step));
+      summary.stopped_by_signal = stop_signal;
+      break;
+    }
+
+    // 4. One training step.
+    const auto t_step = Clock::now();
+    model->set_training(true);
+    io::TrainBatch batch = loader.next();
+    const double local_targets = static_cast<double>(batch.pos.ne(0).sum().item<int64_t>());
+    // One small all-reduce: global target count, stop flag, and rank 0's "print now".
+    auto control = torch::tensor({local_targets, (o.stop_requested && o.stop_requested()) ? 1.0 : 0.0,
+                                  (rank == 0 && seconds_since(interval_start) >= o.log_every_seconds) ? 1.0 : 0.0},
+                                 torch::kFloat64);
+    if (world > 1) comm.all_reduce(control);
+    const double global_targets = std::max(1.0, control[0].item<double>());
+    stop_signal = control[1].item<double>() > 0;
+    const bool print_now = control[2].item<double>() > 0;
+
+    double local_loss = 0;
+    if (batch.input.size(0) > 0) {
+      auto loss = loss_sum(*model, batch, o.loss) / global_targets;
+      loss.backward();
+      local_loss = loss.item<double>() * global_targets;
+    }
+    if (world > 1) {
+      // The loss is already divided by the global target count, so the sum of the ranks'
+      // gradients is the gradient of the global mean.
+      std::vector<at::Tensor> grads;
+      for (auto& t : params) grads.push_back(t.grad());
+      dist::all_reduce_sum_(comm, grads);
+    }
+    if (o.clip_norm > 0) clip_grad_norm(params, o.clip_norm);
+    adam.step(lr_at(o, p.step));
+    adam.zero_grad();
+    ++p.step;
+    p.train_seconds += seconds_since(t_step);
+    loss_acc += local_loss;
+    targets_acc += local_targets;
+    users_acc += static_cast<double>(batch.input.size(0));
+
+    // 5. Progress line.
+    if (print_now) {
+      auto acc = torch::tensor({loss_acc, targets_acc, users_acc}, torch::kFloat64);
+      if (world > 1) comm.all_reduce(acc);
+      const double dt = seconds_since(interval_start);
+      const io::Cursor n = loader.cursor();
+      const double done = static_cast<double>(n.epoch * steps_per_epoch + n.step);
+      const double total = static_cast<double>(o.epochs * steps_per_epoch);
+      const double per_step = p.train_seconds / std::max<int64_t>(1, p.step);
+      log.line("[train] epoch " + std::to_string(n.epoch + (n.step > 0 ? 1 : 0)) + "/" + std::to_string(o.epochs) +
+               " step " + std::to_string(p.step) + " loss " + fmt(acc[0].item<double>() / std::max(1.0, acc[1].item<double>())) +
+               " lr " + fmt(lr_at(o, p.step), 6) + " seq/s " + fmt(acc[2].item<double>() / dt, 0) +
+               " ETA(epochs) " + format_duration(per_step * (total - done)));
+      loss_acc = targets_acc = users_acc = 0;
+      interval_start = Clock::now();
+    }
+  }
+
+  summary.steps = p.step;
+  summary.epochs_completed = loader.cursor().epoch;
+  summary.best_epoch = p.best_epoch;
+  summary.best_valid = p.best_value;
+  summary.seconds_per_epoch =
+      p.step > 0 ? p.train_seconds / (static_cast<double>(p.step) / steps_per_epoch) : 0.0;
+  log.line("[done] steps=" + std::to_string(p.step) + " train time/epoch=" + fmt(summary.seconds_per_epoch, 2) + " s");
+
+  // 6. The test split, once, with the model selected on validation.
+  const bool finished = !summary.stopped_by_signal && !(o.max_steps > 0 && p.step >= o.max_steps &&
+                                                         loader.cursor().epoch < o.epochs);
+  if (o.final_test && finished) {
+    if (auto best = best_ckpt.latest()) {
+      load_parameters(*model, best_ckpt.load(*best).shared, *best);
+      log.line("[test] model selected on valid " + o.select_metric + " at epoch " + std::to_string(p.best_epoch));
+    } else {
+      log.line("[test] no validation was run: testing the final model");
+    }
+    evaluate_and_log(Split::kTest, o.select_protocol, p.best_epoch);
+    if (o.also_full_ranking && o.select_protocol.sampled) {
+      EvalProtocol full;
+      full.sampled = false;
+      evaluate_and_log(Split::kTest, full, p.best_epoch);
+    }
+  }
+  return summary;
+}
+
+void run_evaluation(const std::string& checkpoint_dir, const std::string& data, Split split,
+                    const EvalProtocol& protocol, const EvalOptions& eval, dist::Comm& comm) {
+  const std::string dir = resolve_checkpoint(checkpoint_dir, comm);
+  CheckpointManager mgr({checkpoint_dir, 1}, comm);
+  auto loaded = mgr.load(dir);
+  auto mo = models::parse_model_signature(loaded.shared.value("model_signature"));
+  const io::DatasetMeta meta = io::read_meta(data);
+  if (mo.num_items != meta.num_items)
+    throw std::runtime_error(dir + " was trained on " + std::to_string(mo.num_items) + " items, dataset " + data +
+                             " has " + std::to_string(meta.num_items));
+  const io::UserSequences seqs = io::load_shards(data, meta, comm.rank(), comm.size());
+  auto model = models::make_model(mo);
+  load_parameters(*model, loaded.shared, dir);
+  std::vector<double> popularity;
+  if (protocol.sampled && protocol.popularity) popularity = item_popularity(seqs, meta, comm);
+  EvalOptions e = eval;
+  e.max_len = mo.max_len;
+  auto r = evaluate(*model, seqs, meta, split, protocol, e, comm, popularity.empty() ? nullptr : &popularity);
+  if (comm.rank() == 0) std::printf("%s\n", format_result(r, meta.name, -1).c_str());
+}
+
+}  // namespace seqrec::train

@@ -1,0 +1,65 @@
+#pragma once
+// The training job: data-parallel next-item training with periodic validation, early
+// stopping, atomic checkpoints with exact resume, and one final test evaluation of the
+// model selected on the validation split.
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "io/loader.h"
+#include "models/model.h"
+#include "train/evaluator.h"
+#include "train/optimizer.h"
+
+namespace seqrec::dist {
+class Comm;
+}
+
+namespace seqrec::train {
+
+struct TrainOptions {
+  std::string data;                 // dataset directory
+  std::string out;                  // run directory
+  models::ModelOptions model;       // num_items is filled from the dataset
+  io::LoaderOptions loader;
+  std::string loss = "bce";         // bce (1 negative per position) | ce (softmax over all items)
+  AdamOptions adam;
+  double clip_norm = 0;             // 0 = no clipping
+  int64_t warmup_steps = 0;         // linear LR warm-up
+  int64_t epochs = 200;
+  int64_t eval_every = 1;           // validate every N epochs
+  int64_t patience = 0;             // stop after N validations without improvement; 0 = never
+  std::string select_metric = "NDCG@10";
+  EvalProtocol select_protocol;     // the protocol model selection uses
+  bool also_full_ranking = true;    // report full-ranking metrics beside the sampled ones
+  EvalOptions eval;
+  std::string resume;               // "" (fresh; error if checkpoints exist), "auto", or a checkpoint dir
+  int64_t checkpoint_every = 0;     // steps; 0 = at each validation
+  int keep_checkpoints = 3;
+  int64_t max_steps = 0;            // stop after this many optimizer steps in total; 0 = no limit
+  bool final_test = true;           // evaluate the selected model on the test split at the end
+  double log_every_seconds = 10;
+  uint64_t seed = 42;               // dropout stream (per rank) and evaluation negatives
+  std::string config_text;          // the effective flags, checked identical on every rank
+  std::function<bool()> stop_requested;  // e.g. set by SIGTERM/SIGUSR1: checkpoint and stop
+};
+
+struct TrainSummary {
+  int64_t steps = 0;
+  int64_t epochs_completed = 0;
+  int64_t best_epoch = -1;
+  double best_valid = 0;
+  bool stopped_by_signal = false;
+  double seconds_per_epoch = 0;
+};
+
+// Collective over comm. Throws std::runtime_error / std::invalid_argument with a message
+// naming the problem (bad dataset, incompatible checkpoint, ...).
+TrainSummary run_training(const TrainOptions& options, dist::Comm& comm);
+
+// Loads the parameters of a checkpoint directory (a `checkpoints/step-*` or `best`) into a
+// model built from the checkpoint's own model options, and evaluates it.
+void run_evaluation(const std::string& checkpoint_dir, const std::string& data, Split split,
+                    const EvalProtocol& protocol, const EvalOptions& eval, dist::Comm& comm);
+
+}  // namespace seqrec::train
