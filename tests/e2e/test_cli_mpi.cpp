@@ -1,0 +1,95 @@
+// Data parallel over real MPI processes: N ranks with per-rank batch b must train exactly
+// as 1 rank with batch N*b (up to fp32 summation order), ranks with different flags must
+// fail fast naming the rank, and a dead rank must not hang the job.
+#include <torch/torch.h>
+
+#include <fstream>
+#include <map>
+
+#include "tests/e2e/cli_harness.h"
+#include "train/checkpoint.h"
+
+namespace {
+namespace fs = std::filesystem;
+using namespace seqrec::testing;
+
+class CliMpi : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = new std::string(scratch_dir("mpi"));
+    // 3 shards so that 1, 2 and 3 ranks each own a different share.
+    auto r = seqrec("synth --out " + data() + " --users 240 --items 90 --events 6000 --seed 11 --shards 3 --progress=false");
+    ASSERT_EQ(r.code, 0) << r.output;
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*root_);
+    delete root_;
+  }
+  static std::string data() { return *root_ + "/data"; }
+  static std::string dir(const std::string& n) { return *root_ + "/" + n; }
+  static std::string* root_;
+};
+std::string* CliMpi::root_ = nullptr;
+
+std::map<std::string, at::Tensor> final_params(const std::string& run) {
+  std::string newest;
+  for (auto& e : fs::directory_iterator(run + "/checkpoints"))
+    if (e.path().filename().string().rfind("step-", 0) == 0) newest = std::max(newest, e.path().string());
+  auto b = seqrec::train::read_bundle_file(newest + "/shared.bin");
+  std::map<std::string, at::Tensor> out;
+  for (auto& [n, t] : b.tensors)
+    if (n.rfind("param/", 0) == 0) out[n] = t;
+  return out;
+}
+
+std::string train_args(const std::string& data, const std::string& out, int batch) {
+  // Dropout off: the only randomness left is per example (negatives, shuffling), which is
+  // keyed by (seed, epoch, global user id) and so identical at every world size.
+  return " train --data " + data + " --out " + out + " --max_len 16 --hidden 16 --blocks 2 --heads 2 --dropout 0 " +
+         "--batch_size " + std::to_string(batch) + " --max_steps 6 --final_test=false --threads 1 --log_every 1000 " +
+         "--epochs 10";
+}
+
+TEST_F(CliMpi, RanksTrainExactlyAsOneRankWithTheGlobalBatch) {
+  for (int np : {2, 3}) {
+    const std::string single = dir("single" + std::to_string(np)), multi = dir("multi" + std::to_string(np));
+    auto a = seqrec(train_args(data(), single, 8 * np), 300);
+    ASSERT_EQ(a.code, 0) << a.output;
+    auto b = run_command(mpirun() + " -np " + std::to_string(np) + " " + seqrec_bin() + train_args(data(), multi, 8), 300);
+    ASSERT_EQ(b.code, 0) << b.output;
+    EXPECT_TRUE(contains(b.output, "ranks=" + std::to_string(np))) << b.output;
+    auto pa = final_params(single), pb = final_params(multi);
+    ASSERT_EQ(pa.size(), pb.size());
+    double worst = 0;
+    for (auto& [n, t] : pa) worst = std::max(worst, (t - pb.at(n)).abs().max().item<double>());
+    // Gradients differ only in fp32 summation order (per-rank partial sums, then the
+    // all-reduce): ~1e-7 relative per step. Adam divides by sqrt(v), so after 6 steps of
+    // lr 1e-3 a parameter can move by at most ~6e-3 in total; differences of a few 1e-6
+    // are rounding, while a missing or doubled example shifts parameters by > 1e-4.
+    EXPECT_LT(worst, 2e-5) << "np " << np << ": max |delta param| " << worst;
+  }
+}
+
+TEST_F(CliMpi, RanksWithDifferentFlagsFailNamingTheRank) {
+  const std::string out = dir("mismatch");
+  auto r = run_command(mpirun() + " -np 1 " + seqrec_bin() + train_args(data(), out, 8) + " --lr 0.001 : -np 1 " +
+                           seqrec_bin() + train_args(data(), out, 8) + " --lr 0.002",
+                       60);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "hung";
+  EXPECT_TRUE(contains(r.output, "rank 1")) << r.output;
+  EXPECT_TRUE(contains(r.output, "lr=0.002")) << r.output;
+}
+
+TEST_F(CliMpi, ADeadRankEndsTheJob) {
+  const std::string out = dir("dead");
+  // Rank 1 is killed while the job trains for many epochs; mpirun must end every rank.
+  const std::string cmd = mpirun() + " -np 2 sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then (sleep 4; kill -9 $$) & fi; exec " +
+                          seqrec_bin() + " train --data " + data() + " --out " + out +
+                          " --max_len 16 --hidden 16 --batch_size 8 --epochs 100000 --threads 1 --log_every 1000'";
+  auto r = run_command(cmd, 60);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "the job hung after a rank died:\n" << r.output;
+}
+
+}  // namespace
