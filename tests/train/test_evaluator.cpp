@@ -1,0 +1,141 @@
+// Ranking metrics with exact answers: a fake model whose score for item i is known, so every
+// rank (and therefore HR/NDCG/MRR) can be computed by hand.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "dist/comm.h"
+#include "io/dataset.h"
+#include "models/model.h"
+#include "train/evaluator.h"
+
+namespace {
+using namespace seqrec;
+
+TEST(Metrics, PessimisticRankCountsTiesAgainstTheTarget) {
+  const float s1[] = {0.5f, 0.1f, 0.9f, 0.5f, 0.2f};
+  EXPECT_EQ(train::pessimistic_rank(s1, 5), 3);  // 0.9 above, 0.5 tied
+  const float s2[] = {1.0f, 0.1f, 0.2f};
+  EXPECT_EQ(train::pessimistic_rank(s2, 3), 1);
+  const float s3[] = {0.0f, 0.0f, 0.0f, 0.0f};
+  EXPECT_EQ(train::pessimistic_rank(s3, 4), 4) << "all tied: the target ranks last";
+  const float s4[] = {NAN, 0.0f, 1.0f};
+  EXPECT_EQ(train::pessimistic_rank(s4, 3), 3) << "a NaN target ranks last";
+}
+
+TEST(Metrics, AccumulateRank) {
+  std::map<std::string, double> sums;
+  train::accumulate_rank(1, {5, 10}, sums);
+  train::accumulate_rank(7, {5, 10}, sums);
+  EXPECT_DOUBLE_EQ(sums["HR@5"], 1.0);
+  EXPECT_DOUBLE_EQ(sums["HR@10"], 2.0);
+  EXPECT_DOUBLE_EQ(sums["NDCG@5"], 1.0);
+  EXPECT_DOUBLE_EQ(sums["NDCG@10"], 1.0 + 1.0 / std::log2(8.0));
+  EXPECT_DOUBLE_EQ(sums["MRR@10"], 1.0 + 1.0 / 7);
+  EXPECT_DOUBLE_EQ(sums["MRR"], 1.0 + 1.0 / 7);
+}
+
+// Scores item i as i (hidden = [1], embedding of i = [i]); the input is ignored.
+class IdentityScoreModel : public models::SequenceModel {
+ public:
+  explicit IdentityScoreModel(int64_t items) {
+    o_.num_items = items;
+    table_ = torch::arange(0, items + 1, torch::kFloat32).unsqueeze(1);
+  }
+  at::Tensor encode(const at::Tensor& input) override {
+    return torch::ones({input.size(0), input.size(1), 1});
+  }
+  at::Tensor item_embeddings() override { return table_; }
+  models::NamedTensors named_parameters() override { return {}; }
+  models::NamedTensors named_buffers() override { return {}; }
+  void set_training(bool) override {}
+  const models::ModelOptions& options() const override { return o_; }
+  at::Tensor table_;
+
+ private:
+  models::ModelOptions o_;
+};
+
+struct Fixture {
+  io::DatasetMeta meta;
+  io::UserSequences seqs;
+  Fixture() {
+    meta.num_users = 3;
+    meta.num_items = 20;
+    // user 0: ... valid 15, test 18; user 1: valid 3, test 20; user 2 has 2 items (train only)
+    seqs.user_begin = 0;
+    seqs.user_end = 3;
+    seqs.items = {1, 2, 15, 18, /*u1*/ 4, 5, 6, 3, 20, /*u2*/ 7, 8};
+    seqs.offsets = {0, 4, 9, 11};
+  }
+};
+
+TEST(Evaluator, FullRankingHasExactRanks) {
+  Fixture f;
+  IdentityScoreModel model(20);
+  auto comm = dist::make_local_comm();
+  train::EvalProtocol full;
+  full.sampled = false;
+  train::EvalOptions eo;
+  eo.max_len = 5;
+  // valid: targets 15 (rank 6 among 1..20) and 3 (rank 18); user 2 is not evaluated.
+  auto r = train::evaluate(model, f.seqs, f.meta, train::Split::kValid, full, eo, *comm);
+  EXPECT_EQ(r.users, 2);
+  EXPECT_DOUBLE_EQ(r.get("HR@10"), 0.5);
+  EXPECT_DOUBLE_EQ(r.get("HR@20"), 1.0);
+  EXPECT_DOUBLE_EQ(r.get("NDCG@10"), 0.5 / std::log2(7.0));
+  EXPECT_DOUBLE_EQ(r.get("MRR"), (1.0 / 6 + 1.0 / 18) / 2);
+  // test: targets 18 (rank 3) and 20 (rank 1)
+  auto t = train::evaluate(model, f.seqs, f.meta, train::Split::kTest, full, eo, *comm);
+  EXPECT_DOUBLE_EQ(t.get("MRR"), (1.0 / 3 + 1.0) / 2);
+  // excluding history: user 0's history {1, 2, 15} at test is below 18 anyway; user 1's
+  // valid target 3 loses competitors 4, 5, 6 -> rank 15.
+  full.exclude_history = true;
+  auto x = train::evaluate(model, f.seqs, f.meta, train::Split::kValid, full, eo, *comm);
+  EXPECT_DOUBLE_EQ(x.get("MRR"), (1.0 / 6 + 1.0 / 15) / 2);
+}
+
+TEST(Evaluator, TiesCountAgainstTheTargetInFullRanking) {
+  Fixture f;
+  IdentityScoreModel model(20);
+  model.table_.fill_(1.0);  // every item ties
+  auto comm = dist::make_local_comm();
+  train::EvalProtocol full;
+  full.sampled = false;
+  train::EvalOptions eo;
+  eo.max_len = 5;
+  auto r = train::evaluate(model, f.seqs, f.meta, train::Split::kTest, full, eo, *comm);
+  EXPECT_DOUBLE_EQ(r.get("MRR"), 1.0 / 20) << "20 tied items: the target ranks 20th";
+}
+
+TEST(Evaluator, SampledNegativesAreOutsideTheSequenceAndDeterministic) {
+  Fixture f;
+  IdentityScoreModel model(20);
+  auto comm = dist::make_local_comm();
+  train::EvalProtocol s;
+  s.negatives = 5;
+  train::EvalOptions eo;
+  eo.max_len = 5;
+  auto a = train::evaluate(model, f.seqs, f.meta, train::Split::kTest, s, eo, *comm);
+  auto b = train::evaluate(model, f.seqs, f.meta, train::Split::kTest, s, eo, *comm);
+  EXPECT_EQ(a.metrics, b.metrics);
+  // user 1's target 20 beats every other item: rank 1 whatever the negatives.
+  EXPECT_GE(a.get("MRR"), 0.5);
+  // Too many negatives for the catalogue is an error, not an endless loop.
+  s.negatives = 19;
+  EXPECT_THROW(train::evaluate(model, f.seqs, f.meta, train::Split::kTest, s, eo, *comm), std::exception);
+}
+
+TEST(Evaluator, ProtocolDescriptionsNameEverything) {
+  train::EvalProtocol s;
+  EXPECT_EQ(s.describe(), "sampled: 1 target + 100 uniform negatives not in the user's sequence");
+  EXPECT_EQ(s.key(), "sampled100-uniform");
+  s.popularity = true;
+  EXPECT_EQ(s.key(), "sampled100-popularity");
+  train::EvalProtocol f;
+  f.sampled = false;
+  EXPECT_EQ(f.key(), "full");
+}
+
+}  // namespace
