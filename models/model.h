@@ -40,6 +40,10 @@ class SequenceModel {
   virtual ~SequenceModel() = default;
   // input [B, L] int64, left-padded with 0 -> hidden states [B, L, D]; padded slots are 0.
   virtual at::Tensor encode(const at::Tensor& input) = 0;
+  // Hidden state at the last slot only, [B, D] (what scoring the next item needs). Models
+  // may skip work that does not reach the last slot; the result equals
+  // encode(input).select(1, L - 1).
+  virtual at::Tensor encode_last(const at::Tensor& input) { return encode(input).select(1, input.size(1) - 1); }
   // [num_items + 1, D] output item representations that hidden states are scored against.
   virtual at::Tensor item_embeddings() = 0;
   virtual NamedTensors named_parameters() = 0;

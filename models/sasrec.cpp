@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -31,6 +32,22 @@ class SoftmaxAttentionImpl : public AttentionModuleImpl {
     auto o = ops::causal_softmax_attention_biased(split(q_(x)), split(k_(x)), split(v_(x)), ctx.bias,
                                                   dropout_, is_training());
     return out_(o.transpose(1, 2).reshape({B, L, D}));
+  }
+
+  // Output at the last slot only: the query of slot L-1 against every key. Under left
+  // padding the last slot is real whenever the row has any item, so only key padding applies.
+  at::Tensor forward_last(const at::Tensor& x, AttentionContext& ctx) {
+    const int64_t B = x.size(0), L = x.size(1), D = x.size(2), dh = D / heads_;
+    auto q = q_(x.select(1, L - 1)).view({B, heads_, 1, dh});
+    auto k = k_(x).view({B, L, heads_, dh}).transpose(1, 2);
+    auto v = v_(x).view({B, L, heads_, dh}).transpose(1, 2);
+    auto scores = torch::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(dh)));
+    // Padded keys are masked; the last slot itself always stays visible (as in the full op).
+    auto masked = ctx.key_padding.clone();
+    masked.select(1, L - 1).fill_(false);
+    scores.masked_fill_(masked.view({B, 1, 1, L}), -std::numeric_limits<float>::infinity());
+    auto o = torch::matmul(torch::softmax(scores, -1), v);  // [B, H, 1, dh]
+    return out_(o.reshape({B, D}));
   }
 
  private:
@@ -66,6 +83,17 @@ class BlockImpl : public torch::nn::Module {
     attn_ = register_module("attn", std::make_shared<SoftmaxAttentionImpl>(o.hidden, o.heads, o.dropout));
     ffn_ = register_module("ffn", FeedForward(o.hidden, o.dropout));
   }
+  // The block's output at the last slot, [B, D].
+  at::Tensor forward_last(const at::Tensor& x, AttentionContext& ctx) {
+    auto last = x.select(1, x.size(1) - 1);
+    if (norm_first_) {
+      last = last + attn_->forward_last(attn_ln_(x), ctx);
+      return last + ffn_(ffn_ln_(last));
+    }
+    last = attn_ln_(last + attn_->forward_last(x, ctx));
+    return ffn_ln_(last + ffn_(last));
+  }
+
   at::Tensor forward(at::Tensor x, AttentionContext& ctx) {
     if (norm_first_) {
       x = x + attn_->forward(attn_ln_(x), ctx);
@@ -78,7 +106,7 @@ class BlockImpl : public torch::nn::Module {
  private:
   bool norm_first_;
   torch::nn::LayerNorm attn_ln_{nullptr}, ffn_ln_{nullptr};
-  std::shared_ptr<AttentionModuleImpl> attn_;
+  std::shared_ptr<SoftmaxAttentionImpl> attn_;
   FeedForward ffn_{nullptr};
 };
 TORCH_MODULE(Block);
@@ -95,25 +123,41 @@ class SasRecImpl : public torch::nn::Module {
   }
 
   at::Tensor encode(const at::Tensor& input) {
-    TORCH_CHECK(input.dim() == 2 && input.scalar_type() == at::kLong, "input must be [B, L] int64, got ",
-                input.sizes(), " ", input.scalar_type());
-    TORCH_CHECK(input.size(1) <= o_.max_len, "input length ", input.size(1), " exceeds max_len ", o_.max_len);
-    const int64_t L = input.size(1);
     AttentionContext ctx;
-    ctx.key_padding = input.eq(0);
-    auto keep = ctx.key_padding.logical_not().unsqueeze(-1).to(items_->weight.scalar_type());
-    // Positions count from the right edge so the most recent item always has the same
-    // position whatever the padding (sequences are left-padded).
-    auto pos = torch::arange(o_.max_len - L, o_.max_len, input.options());
-    auto x = items_(input) * std::sqrt(static_cast<double>(o_.hidden)) + positions_(pos).unsqueeze(0);
-    x = torch::dropout(x, o_.dropout, is_training()) * keep;
+    at::Tensor keep;
+    auto x = embed(input, ctx, keep);
     for (auto& b : blocks_) x = b->forward(x, ctx) * keep;
     return final_ln_(x) * keep;
+  }
+
+  // encode(input)[:, -1]: every block but the last runs on all slots (they feed the last
+  // block's keys and values); the last block computes only the last slot's query and FFN.
+  at::Tensor encode_last(const at::Tensor& input) {
+    AttentionContext ctx;
+    at::Tensor keep;
+    auto x = embed(input, ctx, keep);
+    for (size_t i = 0; i + 1 < blocks_.size(); ++i) x = blocks_[i]->forward(x, ctx) * keep;
+    auto last = blocks_.back()->forward_last(x, ctx) * keep.select(1, input.size(1) - 1);
+    return final_ln_(last) * keep.select(1, input.size(1) - 1);
   }
 
   at::Tensor item_embeddings() { return items_->weight; }
 
  private:
+  at::Tensor embed(const at::Tensor& input, AttentionContext& ctx, at::Tensor& keep) {
+    TORCH_CHECK(input.dim() == 2 && input.scalar_type() == at::kLong, "input must be [B, L] int64, got ",
+                input.sizes(), " ", input.scalar_type());
+    TORCH_CHECK(input.size(1) <= o_.max_len, "input length ", input.size(1), " exceeds max_len ", o_.max_len);
+    const int64_t L = input.size(1);
+    ctx.key_padding = input.eq(0);
+    keep = ctx.key_padding.logical_not().unsqueeze(-1).to(items_->weight.scalar_type());
+    // Positions count from the right edge so the most recent item always has the same
+    // position whatever the padding (sequences are left-padded).
+    auto pos = torch::arange(o_.max_len - L, o_.max_len, input.options());
+    auto x = items_(input) * std::sqrt(static_cast<double>(o_.hidden)) + positions_(pos).unsqueeze(0);
+    return torch::dropout(x, o_.dropout, is_training()) * keep;
+  }
+
   ModelOptions o_;
   torch::nn::Embedding items_{nullptr}, positions_{nullptr};
   std::vector<Block> blocks_;
@@ -149,6 +193,7 @@ class SasRecModel : public SequenceModel {
     net_->item_embeddings()[0].zero_();
   }
   at::Tensor encode(const at::Tensor& input) override { return net_->encode(input); }
+  at::Tensor encode_last(const at::Tensor& input) override { return net_->encode_last(input); }
   at::Tensor item_embeddings() override { return net_->item_embeddings(); }
   NamedTensors named_parameters() override {
     NamedTensors out;

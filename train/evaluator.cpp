@@ -86,7 +86,7 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
     throw std::invalid_argument("popularity-sampled evaluation needs item popularity counts");
   torch::NoGradGuard no_grad;
   model.set_training(false);
-  const int64_t L = options.max_len, N = meta.num_items, C = protocol.negatives + 1;
+  const int64_t N = meta.num_items, C = protocol.negatives + 1;
   // Cumulative popularity for inverse-CDF sampling.
   std::vector<double> cdf;
   if (protocol.sampled && protocol.popularity) {
@@ -97,6 +97,11 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
   std::vector<int64_t> users;
   for (int64_t u = seqs.user_begin; u < seqs.user_end; ++u)
     if (seqs.length(u) >= 3) users.push_back(u);
+  // Users of similar length share a batch, and a batch is only as wide as its longest
+  // history: left padding is exact to drop (positions are counted from the right).
+  std::stable_sort(users.begin(), users.end(),
+                   [&](int64_t a, int64_t b) { return seqs.length(a) > seqs.length(b); });
+  const int64_t history_offset = split == Split::kValid ? 2 : 1;
 
   std::map<std::string, double> sums;
   for (int k : options.ks) {
@@ -110,6 +115,7 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
   std::vector<uint8_t> seen(N + 1, 0);
   for (size_t b0 = 0; b0 < users.size(); b0 += options.batch_users) {
     const int64_t nb = std::min<int64_t>(options.batch_users, users.size() - b0);
+    const int64_t L = std::min(options.max_len, seqs.length(users[b0]) - history_offset);
     auto input = torch::zeros({nb, L}, torch::kInt64);
     auto targets = torch::zeros({nb}, torch::kInt64);
     auto cands = protocol.sampled ? torch::zeros({nb, C}, torch::kInt64) : at::Tensor();
@@ -119,7 +125,7 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
       const int64_t u = users[b0 + r];
       const int32_t* s = seqs.items_of(u);
       const int64_t n = seqs.length(u);
-      const int64_t hist = split == Split::kValid ? n - 2 : n - 1;  // items before the target
+      const int64_t hist = n - history_offset;  // items before the target
       tg[r] = s[hist];
       const int64_t count = std::min(hist, L);
       for (int64_t j = 0; j < count; ++j) in[r * L + (L - count + j)] = s[hist - count + j];
@@ -150,7 +156,7 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
         for (int64_t i = 0; i < n; ++i) seen[s[i]] = 0;
       }
     }
-    auto h = model.encode(input).select(1, L - 1).contiguous();  // [nb, D]
+    auto h = model.encode_last(input).contiguous();  // [nb, D]
     at::Tensor scores;
     if (protocol.sampled) {
       scores = torch::bmm(table.index_select(0, cands.view({-1})).view({nb, C, -1}), h.unsqueeze(2))
@@ -163,7 +169,7 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
       if (protocol.exclude_history) {
         for (int64_t r = 0; r < nb; ++r) {
           const int64_t u = users[b0 + r];
-          const int64_t hist = split == Split::kValid ? seqs.length(u) - 2 : seqs.length(u) - 1;
+          const int64_t hist = seqs.length(u) - history_offset;
           auto idx = torch::from_blob(const_cast<int32_t*>(seqs.items_of(u)), {hist}, torch::kInt32)
                          .to(torch::kInt64);
           full[r].index_fill_(0, idx, neg_inf);

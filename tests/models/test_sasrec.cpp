@@ -49,6 +49,18 @@ TEST_P(SasRecNorms, FutureItemsDoNotChangeEarlierOutputs) {
   EXPECT_TRUE(torch::equal(a.narrow(1, 0, 6), b.narrow(1, 0, 6)));
   EXPECT_FALSE(torch::equal(a.narrow(1, 6, 2), b.narrow(1, 6, 2)));
 }
+TEST_P(SasRecNorms, EncodeLastEqualsTheLastSlotOfEncode) {
+  auto o = small();
+  o.norm_first = GetParam();
+  auto m = make_model(o);
+  m->set_training(false);
+  torch::NoGradGuard g;
+  auto input = torch::cat({seq({3, 7, 1, 9}, 9), seq({5}, 9), seq({1, 2, 3, 4, 5, 6, 7, 8, 9}, 9)});
+  auto full = m->encode(input).select(1, 8);
+  auto last = m->encode_last(input);
+  EXPECT_TRUE(torch::allclose(full, last, 1e-5, 1e-6)) << (full - last).abs().max();
+}
+
 INSTANTIATE_TEST_SUITE_P(PreAndPostLN, SasRecNorms, ::testing::Values(true, false));
 
 TEST(SasRec, InitialisationIsDeterministicInTheSeed) {
