@@ -3,6 +3,7 @@
 // creates a Comm from flags: the launcher makes one and passes it down.
 #include <ATen/core/Tensor.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,9 @@ class Comm {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backend() const = 0;
+  // Rank and process count on this node (threads per rank are set from local_size).
+  virtual int local_rank() const { return 0; }
+  virtual int local_size() const { return 1; }
 
   // In place, on contiguous CPU tensors (float32/float64/int32/int64/uint8).
   virtual void all_reduce(at::Tensor& t, ReduceOp op = ReduceOp::kSum) = 0;
