@@ -1,4 +1,7 @@
 // The MPI backend on CPU tensors (Open MPI; any MPI-3 library).
+// Only the C API: keeps the deprecated C++ bindings (and their library) out.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 #include <torch/torch.h>
 #include <unistd.h>
