@@ -23,11 +23,16 @@ struct DatasetMeta {
   bool has_timestamps = false;
   // shard_user_begin[s] is the first dense user of shard s; size num_shards + 1.
   std::vector<int64_t> shard_user_begin;
+  // Per shard: crc32 of its arrays (verified by load_shards) and its number of events.
+  std::vector<uint32_t> shard_checksums;
+  std::vector<int64_t> shard_num_events;
   // Optional categorical user features (e.g. gender, age, occupation, zip prefix for
   // ML-1M). Values are dense codes 1..cardinality, 0 = unknown.
   std::vector<std::string> user_feature_names;
   std::vector<int64_t> user_feature_cardinalities;
-  // Free-form statistics and provenance (printed by `seqrec info`).
+  // Free-form provenance (written to meta.h5's /attributes group) and, after read_meta,
+  // also the statistics of its /stats group (seq_len_mean, density, ...) as text. Printed
+  // by `seqrec info`.
   std::map<std::string, std::string> attributes;
 };
 
@@ -55,12 +60,19 @@ struct UserSequences {
 // (missing, not HDF5, format version mismatch, inconsistent counts).
 DatasetMeta read_meta(const std::string& dir);
 
-// Shards owned by `rank` out of `world`: a contiguous block, [first, last).
+// Shards owned by `rank` out of `world`: a contiguous block, [first, last) =
+// [rank*S/world, (rank+1)*S/world). When world > S some ranks own none (first == last).
 std::pair<int64_t, int64_t> owned_shards(int64_t num_shards, int rank, int world);
 
 // Loads (and validates: checksums, counts, id ranges) the shards `rank` owns. The users
-// of those shards form one contiguous range. Throws std::runtime_error naming the shard
-// and the problem (missing, truncated, corrupt, shard-count mismatch).
+// of those shards form one contiguous range; a rank that owns no shard gets the empty
+// range user_begin == user_end == shard_user_begin[first]. Throws std::runtime_error
+// naming the shard and the problem (missing, truncated, corrupt, shard-count mismatch),
+// std::invalid_argument for a bad rank/world or a meta not obtained from read_meta.
 UserSequences load_shards(const std::string& dir, const DatasetMeta& meta, int rank, int world);
+
+// The raw ids of the dense users (index u) or items (index i - 1, item 0 being padding) as
+// text; `which` is "user" or "item". Empty for datasets without raw ids (synth).
+std::vector<std::string> read_raw_ids(const std::string& dir, const std::string& which);
 
 }  // namespace seqrec::io

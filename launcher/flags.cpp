@@ -43,6 +43,7 @@ DEFINE_string(loss, "bce", "bce (one sampled negative per position) | ce (softma
 DEFINE_double(lr, 1e-3, "Adam learning rate");
 DEFINE_double(beta1, 0.9, "Adam beta1");
 DEFINE_double(beta2, 0.98, "Adam beta2");
+DEFINE_double(adam_eps, 1e-8, "Adam epsilon");
 DEFINE_double(weight_decay, 0.0, "L2 weight decay");
 DEFINE_double(clip_norm, 0.0, "clip the global gradient norm to this; 0 = off");
 DEFINE_int64(warmup_steps, 0, "linear learning-rate warm-up steps");
@@ -91,7 +92,7 @@ const std::map<std::string, Subcommand>& subcommands() {
       {"train",
        {"train a model (data parallel under mpirun), validate, checkpoint, test the selected model",
         {"data", "out", "model", "max_len", "hidden", "blocks", "heads", "dropout", "norm_first", "loss", "lr",
-         "beta1", "beta2", "weight_decay", "clip_norm", "warmup_steps", "epochs", "batch_size", "eval_every",
+         "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm", "warmup_steps", "epochs", "batch_size", "eval_every",
          "patience", "select_metric", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",
          "full_ranking", "eval_batch", "resume", "checkpoint_every", "keep_checkpoints", "max_steps",
          "final_test", "log_every", "prefetch", "seed", "comm"}}},

@@ -40,6 +40,7 @@ DECLARE_string(loss);
 DECLARE_double(lr);
 DECLARE_double(beta1);
 DECLARE_double(beta2);
+DECLARE_double(adam_eps);
 DECLARE_double(weight_decay);
 DECLARE_double(clip_norm);
 DECLARE_int64(warmup_steps);

@@ -36,7 +36,7 @@ inline RunResult run_command(const std::string& command, int timeout_s = 60) {
   return r;
 }
 
-inline RunResult seqrec(const std::string& args, int timeout_s = 60) {
+inline RunResult run_seqrec(const std::string& args, int timeout_s = 60) {
   return run_command(seqrec_bin() + " " + args, timeout_s);
 }
 

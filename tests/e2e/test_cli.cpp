@@ -15,7 +15,7 @@ namespace {
 namespace fs = std::filesystem;
 using namespace seqrec::testing;
 
-// Small but learnable: 300 users over 120 items.
+// Small but learnable: 300 users over 400 items.
 const char* kTrainSmall =
     "--max_len 20 --hidden 16 --blocks 1 --heads 1 --batch_size 32 --threads 1 --log_every 1000 "
     "--eval_batch 64 ";
@@ -24,7 +24,7 @@ class Cli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     root_ = new std::string(scratch_dir("cli"));
-    auto r = seqrec("synth --out " + data() + " --users 300 --items 120 --events 9000 --seed 3 --shards 2 --progress=false");
+    auto r = run_seqrec("synth --out " + data() + " --users 300 --items 400 --events 9000 --seed 3 --shards 2 --progress=false");
     ASSERT_EQ(r.code, 0) << r.output;
   }
   static void TearDownTestSuite() {
@@ -62,7 +62,7 @@ std::string newest_checkpoint(const std::string& run) {
 
 TEST_F(Cli, TrainsEvaluatesAndReportsProtocols) {
   const std::string run = dir("train");
-  auto r = seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall + "--epochs 3", 300);
+  auto r = run_seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall + "--epochs 3", 300);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "split=test")) << r.output;
   EXPECT_TRUE(contains(r.output, "tie=pessimistic"));
@@ -72,7 +72,7 @@ TEST_F(Cli, TrainsEvaluatesAndReportsProtocols) {
   // 3 validations x (sampled + full) + 1 test x (sampled + full)
   ASSERT_EQ(lines.size(), 8u);
   for (auto& l : lines) {
-    EXPECT_TRUE(contains(l, "\"dataset\":\"data\"")) << l;
+    EXPECT_TRUE(contains(l, "\"dataset\":\"synth\"")) << l;
     EXPECT_TRUE(contains(l, "\"candidates\":")) << l;
     EXPECT_TRUE(contains(l, "\"NDCG@10\":")) << l;
     EXPECT_TRUE(contains(l, "\"epoch\":")) << l;
@@ -81,24 +81,24 @@ TEST_F(Cli, TrainsEvaluatesAndReportsProtocols) {
   EXPECT_TRUE(fs::exists(run + "/flags.txt"));
   EXPECT_TRUE(fs::exists(run + "/train.log"));
 
-  auto e = seqrec("eval --checkpoint " + run + "/best --data " + data() + " --split valid --threads 1");
+  auto e = run_seqrec("eval --checkpoint " + run + "/best --data " + data() + " --split valid --threads 1");
   ASSERT_EQ(e.code, 0) << e.output;
   EXPECT_TRUE(contains(e.output, "split=valid")) << e.output;
-  auto full = seqrec("eval --checkpoint " + run + "/best --data " + data() + " --eval_protocol full --exclude_history --threads 1");
+  auto full = run_seqrec("eval --checkpoint " + run + "/best --data " + data() + " --eval_protocol full --exclude_history --threads 1");
   ASSERT_EQ(full.code, 0) << full.output;
   EXPECT_TRUE(contains(full.output, "history excluded")) << full.output;
 
-  auto info = seqrec("info " + run);
+  auto info = run_seqrec("info " + run);
   ASSERT_EQ(info.code, 0) << info.output;
   EXPECT_TRUE(contains(info.output, "model=sasrec")) << info.output;
-  auto dinfo = seqrec("info " + data());
+  auto dinfo = run_seqrec("info " + data());
   ASSERT_EQ(dinfo.code, 0) << dinfo.output;
   EXPECT_TRUE(contains(dinfo.output, "300")) << dinfo.output;
 }
 
 TEST_F(Cli, LearnsTheSyntheticStructure) {
   const std::string run = dir("learn");
-  auto r = seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall + "--epochs 15 --dropout 0.1 --lr 0.005",
+  auto r = run_seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall + "--epochs 15 --dropout 0.1 --lr 0.005",
                   600);
   ASSERT_EQ(r.code, 0) << r.output;
   // Random ranking among 101 candidates gives HR@10 ~ 0.099; a sequence model must do far better.
@@ -116,10 +116,10 @@ TEST_F(Cli, ResumeIsExact) {
   const std::string a = dir("resume-a"), b = dir("resume-b");
   const std::string common = "train --data " + data() + " " + kTrainSmall + "--epochs 5 --final_test=false ";
   // 14 steps uninterrupted (crosses an epoch boundary: 300 users / 32 = 10 steps per epoch).
-  ASSERT_EQ(seqrec(common + "--out " + a + " --max_steps 14", 300).code, 0);
-  auto first = seqrec(common + "--out " + b + " --max_steps 6", 300);
+  ASSERT_EQ(run_seqrec(common + "--out " + a + " --max_steps 14", 300).code, 0);
+  auto first = run_seqrec(common + "--out " + b + " --max_steps 6", 300);
   ASSERT_EQ(first.code, 0) << first.output;
-  auto second = seqrec(common + "--out " + b + " --max_steps 14 --resume auto", 300);
+  auto second = run_seqrec(common + "--out " + b + " --max_steps 14 --resume auto", 300);
   ASSERT_EQ(second.code, 0) << second.output;
   EXPECT_TRUE(contains(second.output, "[resume]")) << second.output;
   auto pa = params_of(newest_checkpoint(a)), pb = params_of(newest_checkpoint(b));
@@ -131,8 +131,8 @@ TEST_F(Cli, ResumeIsExact) {
 TEST_F(Cli, RefusesToOverwriteARunWithoutResume) {
   const std::string run = dir("twice");
   const std::string cmd = "train --data " + data() + " --out " + run + " " + kTrainSmall + "--max_steps 2 --final_test=false";
-  ASSERT_EQ(seqrec(cmd).code, 0);
-  auto r = seqrec(cmd);
+  ASSERT_EQ(run_seqrec(cmd).code, 0);
+  auto r = run_seqrec(cmd);
   EXPECT_NE(r.code, 0);
   EXPECT_TRUE(contains(r.output, "--resume auto")) << r.output;
 }
@@ -140,12 +140,12 @@ TEST_F(Cli, RefusesToOverwriteARunWithoutResume) {
 TEST_F(Cli, BadCheckpointsAreRejectedAndEarlierOnesSurvive) {
   const std::string run = dir("badckpt");
   const std::string cmd = "train --data " + data() + " --out " + run + " " + kTrainSmall + "--final_test=false ";
-  ASSERT_EQ(seqrec(cmd + "--max_steps 3").code, 0);
-  ASSERT_EQ(seqrec(cmd + "--max_steps 5 --resume auto").code, 0);
+  ASSERT_EQ(run_seqrec(cmd + "--max_steps 3").code, 0);
+  ASSERT_EQ(run_seqrec(cmd + "--max_steps 5 --resume auto").code, 0);
   const std::string newest = newest_checkpoint(run);
 
   // A different model configuration.
-  auto r = seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall +
+  auto r = run_seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall +
                   "--final_test=false --max_steps 8 --resume auto --hidden 24");
   EXPECT_NE(r.code, 0);
   EXPECT_TRUE(contains(r.output, "different model configuration")) << r.output;
@@ -161,12 +161,12 @@ TEST_F(Cli, BadCheckpointsAreRejectedAndEarlierOnesSurvive) {
     c ^= 0x10;
     f.write(&c, 1);
   }
-  r = seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall + "--final_test=false --max_steps 8 --resume " + newest);
+  r = run_seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall + "--final_test=false --max_steps 8 --resume " + newest);
   EXPECT_NE(r.code, 0);
   EXPECT_TRUE(contains(r.output, "shared.bin")) << r.output;
   // Truncated: same, and `auto` must not pick a corrupt checkpoint silently either.
   fs::resize_file(newest + "/shared.bin", 100);
-  r = seqrec("eval --checkpoint " + newest + " --data " + data());
+  r = run_seqrec("eval --checkpoint " + newest + " --data " + data());
   EXPECT_NE(r.code, 0);
   EXPECT_TRUE(contains(r.output, "shared.bin")) << r.output;
 }
@@ -192,10 +192,10 @@ TEST_F(Cli, KillDuringCheckpointWriteKeepsThePreviousOne) {
     int status = 0;
     waitpid(pid, &status, 0);
     ASSERT_FALSE(newest_checkpoint(run).empty());
-    auto info = seqrec("info " + newest_checkpoint(run));
+    auto info = run_seqrec("info " + newest_checkpoint(run));
     EXPECT_EQ(info.code, 0) << info.output;
   }
-  auto r = seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall +
+  auto r = run_seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall +
                       "--final_test=false --checkpoint_every 1 --keep_checkpoints 2 --hidden 64 --epochs 1000 --resume auto --max_steps 1",
                   120);
   // max_steps 1 is already reached: it resumes, stops at once and exits cleanly.
@@ -223,7 +223,7 @@ TEST_F(Cli, InvalidFlagsGetAClearErrorAndExitCode) {
       {"train --data /nonexistent/ds --out " + dir("nodata2"), "/nonexistent/ds"},
   };
   for (auto& c : cases) {
-    auto r = seqrec(c.args);
+    auto r = run_seqrec(c.args);
     EXPECT_NE(r.code, 0) << c.args;
     EXPECT_NE(r.code, 124) << c.args << ": timed out";
     EXPECT_TRUE(contains(r.output, c.expect)) << c.args << "\n" << r.output;
@@ -232,11 +232,11 @@ TEST_F(Cli, InvalidFlagsGetAClearErrorAndExitCode) {
 }
 
 TEST_F(Cli, HelpListsOnlyTheSubcommandsFlags) {
-  auto r = seqrec("train --help");
+  auto r = run_seqrec("train --help");
   EXPECT_EQ(r.code, 0);
   EXPECT_TRUE(contains(r.output, "--max_len"));
   EXPECT_FALSE(contains(r.output, "--behaviors"));
-  auto top = seqrec("--help");
+  auto top = run_seqrec("--help");
   EXPECT_TRUE(contains(top.output, "prepare"));
   EXPECT_TRUE(contains(top.output, "synth"));
 }
@@ -244,7 +244,7 @@ TEST_F(Cli, HelpListsOnlyTheSubcommandsFlags) {
 TEST_F(Cli, FlagfileReproducesTheFlags) {
   const std::string ff = dir("cfg.flags");
   std::ofstream(ff) << "--max_len=0\n";
-  auto r = seqrec("train --flagfile " + ff + " --data " + data() + " --out " + dir("ff"));
+  auto r = run_seqrec("train --flagfile " + ff + " --data " + data() + " --out " + dir("ff"));
   EXPECT_NE(r.code, 0);
   EXPECT_TRUE(contains(r.output, "--max_len must be > 0")) << r.output;
 }
@@ -255,7 +255,7 @@ TEST_F(Cli, CorruptShardsAreNamed) {
   const std::string shard = copy + "/shard-00001-of-00002.h5";
   ASSERT_TRUE(fs::exists(shard));
   fs::resize_file(shard, fs::file_size(shard) / 2);
-  auto r = seqrec("train --data " + copy + " --out " + dir("corrupt-run") + " " + kTrainSmall + "--max_steps 1");
+  auto r = run_seqrec("train --data " + copy + " --out " + dir("corrupt-run") + " " + kTrainSmall + "--max_steps 1");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.code, 124);
   EXPECT_TRUE(contains(r.output, "shard-00001-of-00002.h5")) << r.output;
@@ -264,12 +264,12 @@ TEST_F(Cli, CorruptShardsAreNamed) {
 TEST_F(Cli, PrepareReportsMalformedRowsAndLeavesNothingBehind) {
   const std::string in = dir("bad.txt"), out = dir("bad-ds");
   std::ofstream(in) << "1 5\n1 6\n2 x7\n";
-  auto r = seqrec("prepare --format sasrec --input " + in + " --out " + out + " --progress=false");
+  auto r = run_seqrec("prepare --format sasrec --input " + in + " --out " + out + " --progress=false");
   EXPECT_NE(r.code, 0);
   EXPECT_TRUE(contains(r.output, "bad.txt:3")) << r.output;
   EXPECT_FALSE(fs::exists(out));
   std::ofstream(dir("empty.txt")) << "";
-  r = seqrec("prepare --format sasrec --input " + dir("empty.txt") + " --out " + out + " --progress=false");
+  r = run_seqrec("prepare --format sasrec --input " + dir("empty.txt") + " --out " + out + " --progress=false");
   EXPECT_NE(r.code, 0);
   EXPECT_FALSE(fs::exists(out));
 }
