@@ -64,6 +64,7 @@ DEFINE_int32(keep_checkpoints, 3, "complete checkpoints kept");
 DEFINE_int64(max_steps, 0, "stop after this many optimizer steps; 0 = no limit");
 DEFINE_bool(final_test, true, "evaluate the validation-selected model on the test split at the end");
 DEFINE_double(log_every, 10, "seconds between progress lines");
+DEFINE_int64(length_groups, 8, "run each batch as this many length-sorted slices, each trimmed to its longest row (same result, less padding work)");
 DEFINE_int32(prefetch, 4, "batches prepared ahead by the loader thread; 0 = synchronous");
 DEFINE_string(checkpoint, "", "eval/info: a checkpoint directory, a run's best/ or checkpoints/ directory");
 DEFINE_string(split, "test", "eval: valid | test");
@@ -95,7 +96,7 @@ const std::map<std::string, Subcommand>& subcommands() {
          "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm", "warmup_steps", "epochs", "batch_size", "eval_every",
          "patience", "select_metric", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",
          "full_ranking", "eval_batch", "resume", "checkpoint_every", "keep_checkpoints", "max_steps",
-         "final_test", "log_every", "prefetch", "seed", "comm"}}},
+         "final_test", "log_every", "prefetch", "length_groups", "seed", "comm"}}},
       {"eval",
        {"evaluate a checkpoint on the valid or test split",
         {"checkpoint", "data", "split", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",

@@ -1,5 +1,6 @@
 // seqrec: the command-line entry point. Flags are defined only here, validated, and copied
 // into the libraries' option structs; libraries never read a flag.
+#include <dlfcn.h>
 #include <gflags/gflags.h>
 #include <malloc.h>
 #include <torch/torch.h>
@@ -91,6 +92,14 @@ void set_threads() {
   if (n == 0) n = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_size_from_env());
   at::set_num_threads(n);
   at::set_num_interop_threads(1);
+  // OpenBLAS (pthread build) keeps its own thread pool sized to the machine, which Torch's
+  // setting does not reach: unbounded, its idle threads spin against the ranks' own.
+  using SetThreads = void (*)(int);
+  for (const char* sym : {"openblas_set_num_threads", "goto_set_num_threads"})
+    if (auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, sym))) {
+      fn(n);
+      break;
+    }
 }
 
 int cmd_prepare() {
@@ -194,6 +203,8 @@ int cmd_train(dist::Comm& comm) {
   o.adam.weight_decay = FLAGS_weight_decay;
   o.adam.eps = FLAGS_adam_eps;
   o.clip_norm = FLAGS_clip_norm;
+  require(FLAGS_length_groups >= 1, "--length_groups must be >= 1");
+  o.length_groups = FLAGS_length_groups;
   o.warmup_steps = FLAGS_warmup_steps;
   o.epochs = FLAGS_epochs;
   o.eval_every = FLAGS_eval_every;

@@ -11,6 +11,7 @@
 
 #include "models/attention.h"
 #include "models/model.h"
+#include "ops/dropout/dropout.h"
 #include "ops/softmax_attention/softmax_attention.h"
 
 namespace seqrec::models {
@@ -19,18 +20,17 @@ namespace {
 class SoftmaxAttentionImpl : public AttentionModuleImpl {
  public:
   SoftmaxAttentionImpl(int64_t d, int64_t heads, double dropout) : heads_(heads), dropout_(dropout) {
-    q_ = register_module("q", torch::nn::Linear(d, d));
-    k_ = register_module("k", torch::nn::Linear(d, d));
-    v_ = register_module("v", torch::nn::Linear(d, d));
+    // Q, K and V come from one [d, 3d] projection: one GEMM instead of three narrow ones.
+    qkv_ = register_module("qkv", torch::nn::Linear(d, 3 * d));
     out_ = register_module("out", torch::nn::Linear(d, d));
   }
 
   at::Tensor forward(const at::Tensor& x, AttentionContext& ctx) override {
     const int64_t B = x.size(0), L = x.size(1), D = x.size(2), dh = D / heads_;
-    auto split = [&](const at::Tensor& t) { return t.view({B, L, heads_, dh}).transpose(1, 2); };
+    // [B, L, 3, H, dh] -> three [B, H, L, dh] views
+    auto qkv = qkv_(x).view({B, L, 3, heads_, dh}).permute({2, 0, 3, 1, 4});
     if (!ctx.bias.defined()) ctx.bias = ops::causal_padding_bias(ctx.key_padding, x.scalar_type());
-    auto o = ops::causal_softmax_attention_biased(split(q_(x)), split(k_(x)), split(v_(x)), ctx.bias,
-                                                  dropout_, is_training());
+    auto o = ops::causal_softmax_attention_biased(qkv[0], qkv[1], qkv[2], ctx.bias, dropout_, is_training());
     return out_(o.transpose(1, 2).reshape({B, L, D}));
   }
 
@@ -38,9 +38,9 @@ class SoftmaxAttentionImpl : public AttentionModuleImpl {
   // padding the last slot is real whenever the row has any item, so only key padding applies.
   at::Tensor forward_last(const at::Tensor& x, AttentionContext& ctx) {
     const int64_t B = x.size(0), L = x.size(1), D = x.size(2), dh = D / heads_;
-    auto q = q_(x.select(1, L - 1)).view({B, heads_, 1, dh});
-    auto k = k_(x).view({B, L, heads_, dh}).transpose(1, 2);
-    auto v = v_(x).view({B, L, heads_, dh}).transpose(1, 2);
+    auto qkv = qkv_(x).view({B, L, 3, heads_, dh}).permute({2, 0, 3, 1, 4});  // 3 x [B, H, L, dh]
+    auto q = qkv[0].narrow(2, L - 1, 1);
+    auto k = qkv[1], v = qkv[2];
     auto scores = torch::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(dh)));
     // Padded keys are masked; the last slot itself always stays visible (as in the full op).
     auto masked = ctx.key_padding.clone();
@@ -53,7 +53,7 @@ class SoftmaxAttentionImpl : public AttentionModuleImpl {
  private:
   int64_t heads_;
   double dropout_;
-  torch::nn::Linear q_{nullptr}, k_{nullptr}, v_{nullptr}, out_{nullptr};
+  torch::nn::Linear qkv_{nullptr}, out_{nullptr};
 };
 
 // Point-wise feed-forward (SASRec's two 1x1 convolutions), dropout after each layer.
@@ -64,8 +64,8 @@ class FeedForwardImpl : public torch::nn::Module {
     fc2_ = register_module("fc2", torch::nn::Linear(d, d));
   }
   at::Tensor forward(const at::Tensor& x) {
-    auto h = torch::dropout(torch::relu(fc1_(x)), dropout_, is_training());
-    return torch::dropout(fc2_(h), dropout_, is_training());
+    auto h = ops::dropout(torch::relu(fc1_(x)), dropout_, is_training());
+    return ops::dropout(fc2_(h), dropout_, is_training());
   }
 
  private:
@@ -155,7 +155,7 @@ class SasRecImpl : public torch::nn::Module {
     // position whatever the padding (sequences are left-padded).
     auto pos = torch::arange(o_.max_len - L, o_.max_len, input.options());
     auto x = items_(input) * std::sqrt(static_cast<double>(o_.hidden)) + positions_(pos).unsqueeze(0);
-    return torch::dropout(x, o_.dropout, is_training()) * keep;
+    return ops::dropout(x, o_.dropout, is_training()) * keep;
   }
 
   ModelOptions o_;

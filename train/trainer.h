@@ -25,6 +25,7 @@ struct TrainOptions {
   std::string loss = "bce";         // bce (1 negative per position) | ce (softmax over all items)
   AdamOptions adam;
   double clip_norm = 0;             // 0 = no clipping
+  int64_t length_groups = 8;        // rows of a batch run in this many length-sorted, trimmed slices
   int64_t warmup_steps = 0;         // linear LR warm-up
   int64_t epochs = 200;
   int64_t eval_every = 1;           // validate every N epochs

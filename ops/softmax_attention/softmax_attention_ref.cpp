@@ -1,5 +1,7 @@
 #include "ops/softmax_attention/softmax_attention.h"
 
+#include "ops/dropout/dropout.h"
+
 #include <torch/torch.h>
 
 #include <cmath>
@@ -30,10 +32,17 @@ at::Tensor causal_softmax_attention_biased(const at::Tensor& q, const at::Tensor
   TORCH_CHECK(bias.dim() == 4 && bias.size(2) == q.size(2) && bias.size(3) == q.size(2),
               "bias must be [B, 1, L, L]; got ", bias.sizes());
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  // baddbmm-style fused scale: scores = bias + scale * q k^T
-  auto scores = torch::matmul(q, k.transpose(-2, -1)).mul_(scale).add_(bias);
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), D = q.size(3);
+  at::Tensor scores;
+  if (H == 1 && bias.size(0) == B) {
+    // One GEMM call adds the mask and applies the scale: bias + scale * q k^T.
+    scores = torch::baddbmm(bias.view({B, L, L}), q.reshape({B, L, D}), k.reshape({B, L, D}).transpose(1, 2), 1.0, scale)
+                 .view({B, 1, L, L});
+  } else {
+    scores = torch::matmul(q, k.transpose(-2, -1)).mul_(scale).add_(bias);
+  }
   auto probs = torch::softmax(scores, -1);
-  if (training && dropout > 0) probs = torch::dropout(probs, dropout, true);
+  probs = ops::dropout(probs, dropout, training);
   return torch::matmul(probs, v);
 }
 
