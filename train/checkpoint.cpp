@@ -189,7 +189,7 @@ Manifest read_manifest(const std::string& dir) {
   return m;
 }
 
-// Cheap check used to pick the newest checkpoint: marker and manifest present, sizes match.
+// Cheap first check when picking the newest checkpoint: marker and manifest present, sizes match.
 bool looks_complete(const fs::path& dir) {
   try {
     if (!fs::exists(dir / "COMPLETE")) return false;
@@ -416,9 +416,19 @@ std::optional<std::string> CheckpointManager::latest() const {
   for (auto& e : fs::directory_iterator(root))
     if (e.is_directory() && step_of(e.path()) >= 0) dirs.push_back(e.path());
   std::sort(dirs.begin(), dirs.end(), [](auto& a, auto& b) { return step_of(a) > step_of(b); });
+  // Newest first; a damaged newest one falls back to the one before (nothing saved is lost
+  // to a bad write), with the reason logged.
   for (auto& d : dirs) {
-    if (looks_complete(d)) return d.string();
-    LOG(WARNING) << "skipping incomplete checkpoint " << d.string();
+    if (!looks_complete(d)) {
+      LOG(WARNING) << "skipping incomplete checkpoint " << d.string();
+      continue;
+    }
+    try {
+      verify_checkpoint(d.string());
+      return d.string();
+    } catch (const std::exception& e) {
+      LOG(WARNING) << "skipping damaged checkpoint: " << e.what();
+    }
   }
   return std::nullopt;
 }

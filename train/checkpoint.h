@@ -55,7 +55,8 @@ class CheckpointManager {
   // directory. On any failure nothing is renamed into place and earlier checkpoints stay.
   std::string save(int64_t step, const TensorBundle& shared, const TensorBundle& per_rank);
 
-  // Newest complete checkpoint in dir (marker present, manifest verified), if any.
+  // Newest complete checkpoint in dir (marker present, every file matching MANIFEST's size
+  // and checksum), if any; damaged or incomplete ones are skipped with a warning.
   std::optional<std::string> latest() const;
 
   // Loads a checkpoint directory (verifies the marker and every file against MANIFEST).
