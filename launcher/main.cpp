@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <gflags/gflags.h>
 #include <malloc.h>
+#include <unistd.h>
 #include <torch/torch.h>
 
 #include <atomic>
@@ -284,6 +285,13 @@ int cmd_info(const std::vector<std::string>& positional) {
 
 int main(int argc, char** argv) {
   using namespace seqrec;
+  // OpenMP threads that spin after a parallel region take the core from OpenBLAS's own
+  // threads (2.5x slower SASRec epochs at --threads 2 here). The OpenMP runtime reads its
+  // wait policy when it is loaded, before main, so set it and start again once.
+  if (!std::getenv("OMP_WAIT_POLICY")) {
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    execv("/proc/self/exe", argv);  // on failure, carry on with the default policy
+  }
   // Keep large freed blocks in the heap instead of returning them to the OS and faulting
   // them back every step (machine-facts.md: 5.5x on large elementwise loops).
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
