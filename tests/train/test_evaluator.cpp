@@ -127,6 +127,31 @@ TEST(Evaluator, SampledNegativesAreOutsideTheSequenceAndDeterministic) {
   EXPECT_THROW(train::evaluate(model, f.seqs, f.meta, train::Split::kTest, s, eo, *comm), std::exception);
 }
 
+TEST(Evaluator, PopularityNegativesFollowTheCounts) {
+  Fixture f;
+  IdentityScoreModel model(20);
+  auto comm = dist::make_local_comm();
+  // Only items 16, 17 and 19 have training counts, so every negative is one of them (none is
+  // in either user's sequence) and both valid targets (15 and 3) rank 3rd among 1 + 2.
+  std::vector<double> popularity(21, 0.0);
+  popularity[16] = 5;
+  popularity[17] = 1;
+  popularity[19] = 2;
+  train::EvalProtocol s;
+  s.negatives = 2;
+  s.popularity = true;
+  train::EvalOptions eo;
+  eo.max_len = 5;
+  auto r = train::evaluate(model, f.seqs, f.meta, train::Split::kValid, s, eo, *comm, &popularity);
+  EXPECT_DOUBLE_EQ(r.get("MRR"), 1.0 / 3);
+  EXPECT_DOUBLE_EQ(r.get("HR@5"), 1.0);
+  // The counts themselves come from the training part of each sequence, summed over ranks.
+  auto counts = train::item_popularity(f.seqs, f.meta, *comm);
+  EXPECT_EQ(counts[1], 1);   // user 0's train items are {1, 2}
+  EXPECT_EQ(counts[15], 0);  // user 0's validation target is not training data
+  EXPECT_EQ(counts[7], 1);   // user 2 (2 items) is train only
+}
+
 TEST(Evaluator, ProtocolDescriptionsNameEverything) {
   train::EvalProtocol s;
   EXPECT_EQ(s.describe(), "sampled: 1 target + 100 uniform negatives not in the user's sequence");
