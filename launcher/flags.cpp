@@ -57,7 +57,7 @@ DEFINE_int64(eval_negatives, 100, "negatives per user for the sampled protocol")
 DEFINE_string(eval_sampler, "uniform", "sampled negatives: uniform | popularity");
 DEFINE_bool(exclude_history, false, "full ranking: do not rank the user's history items");
 DEFINE_bool(full_ranking, true, "also report full-ranking metrics beside sampled ones");
-DEFINE_int64(eval_batch, 256, "users scored per forward pass in evaluation");
+DEFINE_int64(eval_batch, 64, "users scored per forward pass in evaluation");
 DEFINE_string(resume, "", "'auto' (newest complete checkpoint in --out), a checkpoint directory, or empty");
 DEFINE_int64(checkpoint_every, 0, "also checkpoint every N steps; 0 = at each validation only");
 DEFINE_int32(keep_checkpoints, 3, "complete checkpoints kept");

@@ -32,7 +32,7 @@ struct EvalProtocol {
 
 struct EvalOptions {
   int64_t max_len = 200;
-  int64_t batch_users = 256;
+  int64_t batch_users = 64;  // small batches keep the [B, L, L] attention in cache
   uint64_t seed = 42;
   std::vector<int> ks{5, 10, 20};
 };
