@@ -175,6 +175,7 @@ TensorBundle make_snapshot(models::SequenceModel& model, const Adam& adam, const
   b.meta["config"] = o.config_text;
   b.meta["dataset"] = o.data;
   b.meta["world_size"] = std::to_string(world);
+  b.meta["global_batch"] = std::to_string(o.loader.batch_size * world);
   return b;
 }
 
@@ -278,14 +279,14 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
     p.bad_evals = std::stoll(s.value("bad_evals"));
     p.train_seconds = std::stod(s.value("train_seconds"));
     io::Cursor c{std::stoll(s.value("cursor_epoch")), std::stoll(s.value("cursor_step"))};
+    // The cursor counts global batches of the saved run's size: with another global batch
+    // (world size or per-rank batch changed) continue the epoch from the same example offset.
+    const int64_t saved_global = std::stoll(s.value("global_batch"));
+    const int64_t global = o.loader.batch_size * world;
+    if (saved_global != global)
+      c.step = std::min(loader.steps_per_epoch() - 1, c.step * saved_global / global);
     const int saved_world = loaded.saved_world_size;
     if (saved_world != world) {
-      // Same global batch only when world * batch is unchanged; otherwise the cursor's step
-      // index means a different position in the epoch: restart that epoch's remainder at
-      // the equivalent example offset.
-      const int64_t saved_global = o.loader.batch_size * saved_world;  // per-rank batch assumed unchanged
-      const int64_t offset = c.step * saved_global;
-      c.step = std::min(loader.steps_per_epoch() - 1, offset / (o.loader.batch_size * world));
       log.line("[resume] saved with " + std::to_string(saved_world) + " ranks, resuming with " +
                std::to_string(world) + ": dropout streams re-seeded");
       seed_generator(o.seed * 1000003ull + static_cast<uint64_t>(rank) + 7919ull * p.step);

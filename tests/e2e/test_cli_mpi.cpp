@@ -73,6 +73,28 @@ TEST_F(CliMpi, RanksTrainExactlyAsOneRankWithTheGlobalBatch) {
   }
 }
 
+TEST_F(CliMpi, ARunSavedAtTwoRanksResumesAtOne) {
+  // 2 ranks x 8 for 3 steps, then 1 rank x 16 up to step 6, against 1 rank x 16 throughout:
+  // the global batch and the example stream are the same, so the parameters agree up to
+  // fp32 summation order (same tolerance argument as above).
+  const std::string split = dir("resume-split"), whole = dir("resume-whole");
+  auto args = [&](const std::string& out, int batch, int steps) {
+    std::string a = train_args(data(), out, batch);
+    return a.replace(a.find("--max_steps 6"), 13, "--max_steps " + std::to_string(steps));
+  };
+  auto a = run_command(mpirun() + " -np 2 " + seqrec_bin() + args(split, 8, 3), 300);
+  ASSERT_EQ(a.code, 0) << a.output;
+  auto b = run_seqrec(args(split, 16, 6) + " --resume auto", 300);
+  ASSERT_EQ(b.code, 0) << b.output;
+  EXPECT_TRUE(contains(b.output, "saved with 2 ranks, resuming with 1")) << b.output;
+  auto c = run_seqrec(args(whole, 16, 6), 300);
+  ASSERT_EQ(c.code, 0) << c.output;
+  auto pa = final_params(split), pb = final_params(whole);
+  double worst = 0;
+  for (auto& [n, t] : pa) worst = std::max(worst, (t - pb.at(n)).abs().max().item<double>());
+  EXPECT_LT(worst, 1e-6);
+}
+
 TEST_F(CliMpi, RanksWithDifferentFlagsFailNamingTheRank) {
   const std::string out = dir("mismatch");
   auto r = run_command(mpirun() + " -np 1 " + seqrec_bin() + train_args(data(), out, 8) + " --lr 0.001 : -np 1 " +
