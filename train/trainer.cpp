@@ -472,7 +472,9 @@ void run_evaluation(const std::string& checkpoint_dir, const std::string& data, 
   EvalOptions e = eval;
   e.max_len = mo.max_len;
   auto r = evaluate(*model, seqs, meta, split, protocol, e, comm, popularity.empty() ? nullptr : &popularity);
-  if (comm.rank() == 0) std::printf("%s\n", format_result(r, meta.name, -1).c_str());
+  // The epoch the checkpoint's model was trained to (-1 when the checkpoint does not say).
+  const auto epoch = loaded.shared.meta.count("cursor_epoch") ? std::stoll(loaded.shared.value("cursor_epoch")) : -1;
+  if (comm.rank() == 0) std::printf("%s\n", format_result(r, meta.name, epoch).c_str());
 }
 
 }  // namespace seqrec::train

@@ -84,6 +84,7 @@ TEST_F(Cli, TrainsEvaluatesAndReportsProtocols) {
   auto e = run_seqrec("eval --checkpoint " + run + "/best --data " + data() + " --split valid --threads 1");
   ASSERT_EQ(e.code, 0) << e.output;
   EXPECT_TRUE(contains(e.output, "split=valid")) << e.output;
+  EXPECT_TRUE(contains(e.output, "epoch=3")) << "the checkpoint's epoch is printed: " << e.output;
   auto full = run_seqrec("eval --checkpoint " + run + "/best --data " + data() + " --eval_protocol full --exclude_history --threads 1");
   ASSERT_EQ(full.code, 0) << full.output;
   EXPECT_TRUE(contains(full.output, "history excluded")) << full.output;
