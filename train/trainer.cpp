@@ -281,11 +281,14 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
     io::Cursor c{std::stoll(s.value("cursor_epoch")), std::stoll(s.value("cursor_step"))};
     // The cursor counts global batches of the saved run's size: with another global batch
     // (world size or per-rank batch changed) continue the epoch from the same example offset.
-    const int64_t saved_global = std::stoll(s.value("global_batch"));
+    // Checkpoints written before the key existed held the per-rank batch of this configuration.
+    const int saved_world = loaded.saved_world_size;
     const int64_t global = o.loader.batch_size * world;
+    const int64_t saved_global = s.meta.count("global_batch")
+                                     ? std::stoll(s.value("global_batch"))
+                                     : o.loader.batch_size * saved_world;
     if (saved_global != global)
       c.step = std::min(loader.steps_per_epoch() - 1, c.step * saved_global / global);
-    const int saved_world = loaded.saved_world_size;
     if (saved_world != world) {
       log.line("[resume] saved with " + std::to_string(saved_world) + " ranks, resuming with " +
                std::to_string(world) + ": dropout streams re-seeded");
