@@ -1,0 +1,43 @@
+#pragma once
+// Linear attention: (KᵀV) first, so the cost is O(L·Dh²) per head instead of O(L²·Dh).
+// Two layers: a generic causal linear-attention product computed chunk by chunk, and LinRec's
+// (Liu et al., SIGIR'23) ELU + L2-normalised feature maps on top of it. The ATen reference runs
+// on any device and differentiates through autograd; a fused CUDA kernel will sit behind the
+// same signatures.
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+namespace seqrec::ops {
+
+// out[t] = sum_{s <= t} (q[t] · k[s]) v[s] for q, k, v [B, H, L, Dh] (value width may differ).
+// Exact, computed in chunks of `chunk` slots: inside a chunk a masked [chunk x chunk] product,
+// across chunks an exclusive prefix sum of the [Dh x Dv] states kᵀv. Memory O(L·chunk + L/chunk·Dh·Dv).
+at::Tensor causal_linear_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   int64_t chunk = 64);
+
+// How LinRec normalises queries and keys after ELU:
+//  kPaper: the paper's Eq. (6): each query row / (sqrt(Dh)·||q||₂); each key feature (column)
+//          / (sqrt(n)·||k[:, j]||₂) over the n real keys it is combined with.
+//  kCode:  the released code: queries and keys each / ||·||₂ per token, output / sqrt(Dh).
+enum class LinrecNorm { kPaper, kCode };
+LinrecNorm parse_linrec_norm(const std::string& name);  // "paper" | "code"; throws naming it
+const char* linrec_norm_name(LinrecNorm norm);
+
+// How far each query sees:
+//  kCausal: slot t combines the real keys s <= t, and the paper's column norm runs over that
+//           prefix too (prefix sums of k², of the key count and of kᵀv): every slot is a valid
+//           next-item state, so SASRec-style every-position training works.
+//  kGlobal: the paper's non-causal form: every slot combines all real keys of the sequence.
+//           Only the last slot is free of future items: for last-position training/scoring.
+enum class LinrecForm { kCausal, kGlobal };
+LinrecForm parse_linrec_form(const std::string& name);  // "causal" | "global"
+const char* linrec_form_name(LinrecForm form);
+
+// q, k, v: [B, H, L, Dh]; key_padding [B, L] bool, true at padded slots. Padded keys take no
+// part (neither in the sums nor in the norms); outputs at padded slots are not defined beyond
+// being finite (callers zero them).
+at::Tensor linrec_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form);
+
+}  // namespace seqrec::ops

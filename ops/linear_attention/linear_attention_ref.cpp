@@ -1,0 +1,108 @@
+#include "ops/linear_attention/linear_attention.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <stdexcept>
+
+namespace seqrec::ops {
+namespace {
+
+// Guards divisions by norms of all-zero rows (padded slots, all-padding prefixes).
+constexpr double kEps = 1e-12;
+
+void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be [B, H, L, Dh]; got q ",
+              q.sizes(), " k ", k.sizes(), " v ", v.sizes());
+  TORCH_CHECK(q.sizes() == k.sizes(), "q and k must have one shape; got q ", q.sizes(), " k ", k.sizes());
+  TORCH_CHECK(v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
+              "v must be [B, H, L, Dv] matching q ", q.sizes(), "; got ", v.sizes());
+}
+
+}  // namespace
+
+at::Tensor causal_linear_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   int64_t chunk) {
+  check_qkv(q, k, v);
+  TORCH_CHECK(chunk > 0, "chunk must be > 0, got ", chunk);
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), Dh = q.size(3), Dv = v.size(3);
+  if (L == 0) return torch::zeros({B, H, 0, Dv}, v.options());
+  const int64_t C = std::min(chunk, L), n = (L + C - 1) / C, Lp = n * C;
+  // Zero slots appended at the end change no earlier output.
+  auto pad = [&](const at::Tensor& t) {
+    return Lp == L ? t : torch::constant_pad_nd(t, {0, 0, 0, Lp - L});
+  };
+  auto qc = pad(q).reshape({B, H, n, C, Dh});
+  auto kc = pad(k).reshape({B, H, n, C, Dh});
+  auto vc = pad(v).reshape({B, H, n, C, Dv});
+  auto causal = torch::ones({C, C}, q.options().dtype(at::kBool)).tril();
+  auto scores = torch::matmul(qc, kc.transpose(-2, -1)).masked_fill(causal.logical_not(), 0.0);
+  auto out = torch::matmul(scores, vc);  // within each chunk
+  if (n > 1) {
+    auto states = torch::matmul(kc.transpose(-2, -1), vc);  // [B, H, n, Dh, Dv]
+    // Exclusive prefix over chunks by shifting (not cumsum - states, whose rounding would let
+    // a chunk's own keys leak into its earlier slots).
+    auto before = torch::constant_pad_nd(torch::cumsum(states.narrow(2, 0, n - 1), 2), {0, 0, 0, 0, 1, 0});
+    out = out + torch::matmul(qc, before);
+  }
+  out = out.reshape({B, H, Lp, Dv});
+  return Lp == L ? out : out.narrow(2, 0, L);
+}
+
+LinrecNorm parse_linrec_norm(const std::string& name) {
+  if (name == "paper") return LinrecNorm::kPaper;
+  if (name == "code") return LinrecNorm::kCode;
+  throw std::invalid_argument("unknown LinRec normalisation '" + name + "' (known: paper, code)");
+}
+const char* linrec_norm_name(LinrecNorm norm) { return norm == LinrecNorm::kPaper ? "paper" : "code"; }
+
+LinrecForm parse_linrec_form(const std::string& name) {
+  if (name == "causal") return LinrecForm::kCausal;
+  if (name == "global") return LinrecForm::kGlobal;
+  throw std::invalid_argument("unknown LinRec form '" + name + "' (known: causal, global)");
+}
+const char* linrec_form_name(LinrecForm form) { return form == LinrecForm::kCausal ? "causal" : "global"; }
+
+at::Tensor linrec_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form) {
+  check_qkv(q, k, v);
+  TORCH_CHECK(key_padding.dim() == 2 && key_padding.scalar_type() == at::kBool &&
+                  key_padding.size(0) == q.size(0) && key_padding.size(1) == q.size(2),
+              "key_padding must be bool [B, L] = [", q.size(0), ", ", q.size(2), "]; got ",
+              key_padding.sizes(), " ", key_padding.scalar_type());
+  const double dh = static_cast<double>(q.size(3));
+  // [B, 1, L, 1]: 1 at real slots, 0 at padding; padded keys and values vanish from every sum.
+  auto real = key_padding.logical_not().to(q.scalar_type()).unsqueeze(1).unsqueeze(-1);
+  auto qe = torch::elu(q);
+  auto ke = torch::elu(k) * real;
+  auto vr = v * real;
+  const bool causal = form == LinrecForm::kCausal;
+
+  if (norm == LinrecNorm::kCode) {
+    auto qn = qe / qe.norm(2, -1, true).clamp_min(kEps);
+    auto kn = ke / ke.norm(2, -1, true).clamp_min(kEps);
+    at::Tensor out = causal ? causal_linear_attention(qn, kn, vr)
+                            : torch::matmul(qn, torch::matmul(kn.transpose(-2, -1), vr));
+    return out / std::sqrt(dh);
+  }
+
+  // Paper: rows of Q / (sqrt(Dh)·||q||); key feature j / (sqrt(n)·||k[:, j]||) where n and the
+  // column norm cover the keys the query combines. The column scale is per (query, feature),
+  // so it moves onto the query: q̃[t, j] = q[t, j] / (sqrt(n_t)·||k[<=t, j]||), then plain
+  // linear attention of q̃ with the unnormalised keys.
+  auto qn = qe / (qe.norm(2, -1, true).clamp_min(kEps) * std::sqrt(dh));
+  at::Tensor col_sq, count;
+  if (causal) {
+    col_sq = torch::cumsum(ke * ke, 2);                      // [B, H, L, Dh]
+    count = torch::cumsum(real, 2);                          // [B, 1, L, 1]
+  } else {
+    col_sq = (ke * ke).sum(2, true);                         // [B, H, 1, Dh]
+    count = real.sum(2, true);                               // [B, 1, 1, 1]
+  }
+  auto scale = (col_sq.clamp_min(kEps) * count.clamp_min(1.0)).rsqrt();
+  auto qt = qn * scale;
+  if (causal) return causal_linear_attention(qt, ke, vr);
+  return torch::matmul(qt, torch::matmul(ke.transpose(-2, -1), vr));
+}
+
+}  // namespace seqrec::ops

@@ -1,0 +1,176 @@
+// LinRec's linear attention against a loop-level reference in double: both normalisations
+// (paper, code) and both forms (causal, global), shapes that break the chunking (length 1,
+// odd lengths, several chunks), left padding and all-padding rows; causality, padding
+// isolation, and gradients against central differences.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <vector>
+
+#include "ops/linear_attention/linear_attention.h"
+
+namespace {
+
+using namespace seqrec::ops;
+
+double elu(double x) { return x >= 0 ? x : std::expm1(x); }
+
+// out[b, h, t] for real slots t; padded slots are left at zero (the op leaves them unspecified).
+at::Tensor naive(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pad,
+                 LinrecNorm norm, LinrecForm form) {
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), D = q.size(3);
+  auto qa = q.to(torch::kFloat64).contiguous(), ka = k.to(torch::kFloat64).contiguous(),
+       va = v.to(torch::kFloat64).contiguous();
+  auto Q = qa.accessor<double, 4>(), K = ka.accessor<double, 4>(), V = va.accessor<double, 4>();
+  auto P = pad.accessor<bool, 2>();
+  auto out = torch::zeros({B, H, L, D}, torch::kFloat64);
+  auto O = out.accessor<double, 4>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < L; ++t) {
+        if (P[b][t]) continue;
+        std::vector<int64_t> S;
+        for (int64_t s = 0; s < L; ++s)
+          if (!P[b][s] && (form == LinrecForm::kGlobal || s <= t)) S.push_back(s);
+        std::vector<double> qn(D);
+        double qnorm = 0;
+        for (int64_t d = 0; d < D; ++d) qnorm += elu(Q[b][h][t][d]) * elu(Q[b][h][t][d]);
+        qnorm = std::sqrt(qnorm);
+        for (int64_t d = 0; d < D; ++d)
+          qn[d] = elu(Q[b][h][t][d]) / (norm == LinrecNorm::kPaper ? std::sqrt(double(D)) * qnorm : qnorm);
+        std::vector<double> col(D, 0.0);
+        for (int64_t s : S)
+          for (int64_t d = 0; d < D; ++d) col[d] += elu(K[b][h][s][d]) * elu(K[b][h][s][d]);
+        for (int64_t s : S) {
+          double knorm = 0;
+          for (int64_t d = 0; d < D; ++d) knorm += elu(K[b][h][s][d]) * elu(K[b][h][s][d]);
+          knorm = std::sqrt(knorm);
+          double score = 0;
+          for (int64_t d = 0; d < D; ++d) {
+            const double kd = norm == LinrecNorm::kPaper
+                                  ? elu(K[b][h][s][d]) / (std::sqrt(double(S.size())) * std::sqrt(col[d]))
+                                  : elu(K[b][h][s][d]) / knorm;
+            score += qn[d] * kd;
+          }
+          if (norm == LinrecNorm::kCode) score /= std::sqrt(double(D));
+          for (int64_t d = 0; d < D; ++d) O[b][h][t][d] += score * V[b][h][s][d];
+        }
+      }
+  return out;
+}
+
+at::Tensor left_padding(const std::vector<int64_t>& lengths, int64_t L) {
+  auto pad = torch::ones({static_cast<int64_t>(lengths.size()), L}, torch::kBool);
+  for (size_t b = 0; b < lengths.size(); ++b)
+    if (lengths[b] > 0) pad[b].narrow(0, L - lengths[b], lengths[b]).fill_(false);
+  return pad;
+}
+
+at::Tensor real_only(const at::Tensor& out, const at::Tensor& pad) {
+  return out.masked_fill(pad.unsqueeze(1).unsqueeze(-1), 0.0);
+}
+
+struct Case {
+  int64_t B, H, L, D;
+  std::vector<int64_t> lengths;
+};
+
+TEST(LinearAttention, MatchesLoopReference) {
+  torch::manual_seed(3);
+  std::vector<Case> cases = {{1, 1, 1, 4, {1}},          {2, 2, 7, 5, {7, 3}},
+                             {3, 1, 67, 8, {67, 40, 0}},  {2, 3, 130, 6, {130, 1}},
+                             {1, 2, 64, 4, {64}}};
+  for (auto& c : cases)
+    for (auto norm : {LinrecNorm::kPaper, LinrecNorm::kCode})
+      for (auto form : {LinrecForm::kCausal, LinrecForm::kGlobal}) {
+        auto q = torch::randn({c.B, c.H, c.L, c.D}), k = torch::randn({c.B, c.H, c.L, c.D}),
+             v = torch::randn({c.B, c.H, c.L, c.D});
+        auto pad = left_padding(c.lengths, c.L);
+        auto got = linrec_attention(q, k, v, pad, norm, form);
+        ASSERT_TRUE(torch::isfinite(got).all().item<bool>());
+        auto want = naive(q, k, v, pad, norm, form);
+        EXPECT_TRUE(torch::allclose(real_only(got, pad).to(torch::kFloat64), want, 1e-4, 1e-5))
+            << "L=" << c.L << " norm=" << linrec_norm_name(norm) << " form=" << linrec_form_name(form)
+            << " max err " << (real_only(got, pad).to(torch::kFloat64) - want).abs().max().item<double>();
+      }
+}
+
+TEST(LinearAttention, ChunkedProductIsExactForAnyChunk) {
+  torch::manual_seed(4);
+  auto q = torch::randn({2, 2, 37, 3}, torch::kFloat64), k = torch::randn({2, 2, 37, 3}, torch::kFloat64),
+       v = torch::randn({2, 2, 37, 5}, torch::kFloat64);
+  auto mask = torch::ones({37, 37}, torch::kFloat64).tril();
+  auto want = torch::matmul(torch::matmul(q, k.transpose(-2, -1)) * mask, v);
+  for (int64_t chunk : {1, 3, 8, 36, 37, 64})
+    EXPECT_TRUE(torch::allclose(causal_linear_attention(q, k, v, chunk), want, 1e-10, 1e-10)) << chunk;
+}
+
+TEST(LinearAttention, CausalFormIgnoresFutureAndPadding) {
+  torch::manual_seed(5);
+  const int64_t L = 90;
+  auto pad = left_padding({90, 50}, L);
+  auto q = torch::randn({2, 2, L, 8}), k = torch::randn({2, 2, L, 8}), v = torch::randn({2, 2, L, 8});
+  for (auto norm : {LinrecNorm::kPaper, LinrecNorm::kCode}) {
+    auto base = real_only(linrec_attention(q, k, v, pad, norm, LinrecForm::kCausal), pad);
+    // A change at slot 70 moves nothing before it.
+    auto k2 = k.clone(), v2 = v.clone();
+    k2.select(2, 70).normal_();
+    v2.select(2, 70).normal_();
+    auto moved = real_only(linrec_attention(q, k2, v2, pad, norm, LinrecForm::kCausal), pad);
+    EXPECT_TRUE(torch::equal(moved.narrow(2, 0, 70), base.narrow(2, 0, 70)));
+    EXPECT_FALSE(torch::allclose(moved.narrow(2, 70, 20), base.narrow(2, 70, 20)));
+    // Padded slots (row 1, first 40 slots) change no real output.
+    auto k3 = k.clone(), v3 = v.clone(), q3 = q.clone();
+    k3[1].narrow(1, 0, 40).normal_(0, 10);
+    v3[1].narrow(1, 0, 40).normal_(0, 10);
+    q3[1].narrow(1, 0, 40).normal_(0, 10);
+    auto iso = real_only(linrec_attention(q3, k3, v3, pad, norm, LinrecForm::kCausal), pad);
+    EXPECT_TRUE(torch::allclose(iso, base, 1e-6, 1e-6));
+    // The global form's last slot is the causal form's last slot.
+    auto global = linrec_attention(q, k, v, pad, norm, LinrecForm::kGlobal);
+    EXPECT_TRUE(torch::allclose(global.select(2, L - 1), base.select(2, L - 1), 1e-5, 1e-6));
+  }
+}
+
+TEST(LinearAttention, GradientsMatchCentralDifferences) {
+  torch::manual_seed(6);
+  auto pad = left_padding({9, 4}, 9);
+  for (auto norm : {LinrecNorm::kPaper, LinrecNorm::kCode}) {
+    auto q = torch::randn({2, 1, 9, 3}, torch::kFloat64).requires_grad_();
+    auto k = torch::randn({2, 1, 9, 3}, torch::kFloat64).requires_grad_();
+    auto v = torch::randn({2, 1, 9, 3}, torch::kFloat64).requires_grad_();
+    auto w = torch::randn({2, 1, 9, 3}, torch::kFloat64) * pad.logical_not().view({2, 1, 9, 1});
+    auto f = [&] { return (linrec_attention(q, k, v, pad, norm, LinrecForm::kCausal) * w).sum(); };
+    auto grads = torch::autograd::grad({f()}, {q, k, v});
+    std::vector<at::Tensor> inputs = {q, k, v};
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      auto flat = inputs[i].detach().view(-1);
+      auto g = grads[i].reshape(-1);
+      for (int64_t j = 0; j < flat.numel(); j += 5) {
+        const double h = 1e-6, keep = flat[j].item<double>();
+        torch::NoGradGuard ng;
+        flat[j] = keep + h;
+        const double up = f().item<double>();
+        flat[j] = keep - h;
+        const double down = f().item<double>();
+        flat[j] = keep;
+        EXPECT_NEAR(g[j].item<double>(), (up - down) / (2 * h), 1e-6) << "input " << i << " index " << j;
+      }
+    }
+  }
+}
+
+TEST(LinearAttention, BadInputIsNamed) {
+  auto q = torch::randn({1, 1, 4, 2});
+  auto pad = torch::zeros({1, 4}, torch::kBool);
+  EXPECT_THROW(parse_linrec_norm("l1"), std::invalid_argument);
+  EXPECT_THROW(parse_linrec_form("bidirectional"), std::invalid_argument);
+  EXPECT_THROW(linrec_attention(q, torch::randn({1, 1, 5, 2}), q, pad, LinrecNorm::kCode, LinrecForm::kCausal),
+               c10::Error);
+  EXPECT_THROW(linrec_attention(q, q, q, torch::zeros({1, 5}, torch::kBool), LinrecNorm::kCode,
+                                LinrecForm::kCausal),
+               c10::Error);
+}
+
+}  // namespace
