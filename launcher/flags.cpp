@@ -32,13 +32,19 @@ DEFINE_int64(events, 50000, "synth: number of events in total");
 DEFINE_int32(clusters, 0, "synth: item clusters with Markov transitions; 0 = sqrt(items)");
 // train / eval
 DEFINE_string(data, "", "dataset directory made by 'seqrec prepare' or 'seqrec synth'");
-DEFINE_string(model, "sasrec", "model: sasrec");
+DEFINE_string(model, "sasrec", "model: sasrec | lightsans | linrec");
 DEFINE_int64(max_len, 200, "most recent items kept per sequence");
 DEFINE_int64(hidden, 50, "hidden size d");
 DEFINE_int64(blocks, 2, "attention blocks");
 DEFINE_int64(heads, 1, "attention heads");
 DEFINE_double(dropout, 0.2, "dropout rate");
 DEFINE_bool(norm_first, true, "pre-LN blocks (false: post-LN)");
+DEFINE_int64(ffn_inner, 0, "FFN hidden width; 0 = --hidden");
+DEFINE_string(ffn_activation, "relu", "FFN activation: relu | gelu");
+DEFINE_int64(interests, 20, "lightsans: latent interests k per layer");
+DEFINE_string(lightsans_position, "decoupled",
+              "lightsans: decoupled (position branch inside attention) | absolute (LightSANs-ape)");
+DEFINE_string(linrec_norm, "paper", "linrec: paper (row-wise q, column-wise k) | code (per-token q and k)");
 DEFINE_string(loss, "bce", "bce (one sampled negative per position) | ce (softmax over all items)");
 DEFINE_double(lr, 1e-3, "Adam learning rate");
 DEFINE_double(beta1, 0.9, "Adam beta1");
@@ -92,7 +98,8 @@ const std::map<std::string, Subcommand>& subcommands() {
         {"out", "users", "items", "events", "seed", "shards", "clusters", "progress"}}},
       {"train",
        {"train a model (data parallel under mpirun), validate, checkpoint, test the selected model",
-        {"data", "out", "model", "max_len", "hidden", "blocks", "heads", "dropout", "norm_first", "loss", "lr",
+        {"data", "out", "model", "max_len", "hidden", "blocks", "heads", "dropout", "norm_first", "ffn_inner",
+         "ffn_activation", "interests", "lightsans_position", "linrec_norm", "loss", "lr",
          "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm", "warmup_steps", "epochs", "batch_size", "eval_every",
          "patience", "select_metric", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",
          "full_ranking", "eval_batch", "resume", "checkpoint_every", "keep_checkpoints", "max_steps",

@@ -159,6 +159,11 @@ models::ModelOptions model_options_from_flags() {
   m.heads = FLAGS_heads;
   m.dropout = FLAGS_dropout;
   m.norm_first = FLAGS_norm_first;
+  m.ffn_inner = FLAGS_ffn_inner;
+  m.ffn_activation = FLAGS_ffn_activation;
+  m.interests = FLAGS_interests;
+  m.lightsans_position = FLAGS_lightsans_position;
+  m.linrec_norm = FLAGS_linrec_norm;
   m.init_seed = FLAGS_seed;
   m.num_items = 1;  // replaced by the dataset's count; validated here for the other fields
   try {

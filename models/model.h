@@ -21,14 +21,25 @@ struct ModelOptions {
   double dropout = 0.2;       // embedding, attention-probability and FFN dropout
   bool norm_first = true;     // pre-LN blocks; false = post-LN
   double layer_norm_eps = 1e-8;
+  int64_t ffn_inner = 0;      // FFN hidden width; 0 = hidden
+  std::string ffn_activation = "relu";  // relu | gelu
   uint64_t init_seed = 0;     // parameter initialisation (identical on every rank)
+
+  // lightsans
+  int64_t interests = 20;                      // k latent interests per layer
+  std::string lightsans_position = "decoupled";  // decoupled | absolute (LightSANs-ape)
+  // linrec
+  std::string linrec_norm = "paper";           // paper | code (see ops/linear_attention)
 };
 
-// Model-affecting options as "key=value" lines; stored in checkpoints and compared on load.
+// Model-affecting options as "key=value" lines (a variant's own keys only for that variant);
+// stored in checkpoints and compared on load.
 std::string model_signature(const ModelOptions& options);
-// Inverse of model_signature; throws std::invalid_argument naming an unknown or bad key.
+// Inverse of model_signature (absent keys keep their defaults, so signatures written before a
+// key existed still load); throws std::invalid_argument naming an unknown or bad key.
 ModelOptions parse_model_signature(const std::string& text);
-// "" when equal, else the differing keys as "key: a vs b" lines.
+// "" when equal, else the differing keys as "key: a vs b" lines (compared after parsing, so
+// an absent key equals its default).
 std::string signature_difference(const std::string& a, const std::string& b);
 // Validates options; throws std::invalid_argument naming the bad field.
 void validate(const ModelOptions& options);

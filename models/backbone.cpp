@@ -1,0 +1,187 @@
+#include "models/backbone.h"
+
+#include <cmath>
+
+#include "ops/dropout/dropout.h"
+
+namespace seqrec::models {
+namespace {
+
+// Point-wise feed-forward d -> inner -> d (SASRec's two 1x1 convolutions), dropout after each
+// layer.
+class FeedForwardImpl : public torch::nn::Module {
+ public:
+  FeedForwardImpl(const ModelOptions& o) : dropout_(o.dropout), gelu_(o.ffn_activation == "gelu") {
+    const int64_t inner = o.ffn_inner > 0 ? o.ffn_inner : o.hidden;
+    fc1_ = register_module("fc1", torch::nn::Linear(o.hidden, inner));
+    fc2_ = register_module("fc2", torch::nn::Linear(inner, o.hidden));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    auto a = fc1_(x);
+    auto h = ops::dropout(gelu_ ? torch::gelu(a) : torch::relu(a), dropout_, is_training());
+    return ops::dropout(fc2_(h), dropout_, is_training());
+  }
+
+ private:
+  double dropout_;
+  bool gelu_;
+  torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};
+};
+TORCH_MODULE(FeedForward);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  BlockImpl(const ModelOptions& o, std::shared_ptr<AttentionModuleImpl> attention) : norm_first_(o.norm_first) {
+    auto ln = [&] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.hidden}).eps(o.layer_norm_eps)); };
+    attn_ln_ = register_module("attn_ln", ln());
+    ffn_ln_ = register_module("ffn_ln", ln());
+    attn_ = register_module("attn", std::move(attention));
+    ffn_ = register_module("ffn", FeedForward(o));
+  }
+
+  at::Tensor forward(at::Tensor x, AttentionContext& ctx) {
+    if (norm_first_) {
+      x = x + attn_->forward(attn_ln_(x), ctx);
+      return x + ffn_(ffn_ln_(x));
+    }
+    x = attn_ln_(x + attn_->forward(x, ctx));
+    return ffn_ln_(x + ffn_(x));
+  }
+
+  // The block's output at the last slot, [B, D].
+  at::Tensor forward_last(const at::Tensor& x, AttentionContext& ctx) {
+    auto last = x.select(1, x.size(1) - 1);
+    if (norm_first_) {
+      last = last + attn_->forward_last(attn_ln_(x), ctx);
+      return last + ffn_(ffn_ln_(last));
+    }
+    last = attn_ln_(last + attn_->forward_last(x, ctx));
+    return ffn_ln_(last + ffn_(last));
+  }
+
+  AttentionModuleImpl& attention() { return *attn_; }
+
+ private:
+  bool norm_first_;
+  torch::nn::LayerNorm attn_ln_{nullptr}, ffn_ln_{nullptr};
+  std::shared_ptr<AttentionModuleImpl> attn_;
+  FeedForward ffn_{nullptr};
+};
+TORCH_MODULE(Block);
+
+class TransformerRecImpl : public torch::nn::Module {
+ public:
+  TransformerRecImpl(const ModelOptions& o, const BackboneSpec& spec)
+      : o_(o), positions_at_input_(spec.positions_at_input) {
+    items_ = register_module("item_emb", torch::nn::Embedding(o.num_items + 1, o.hidden));
+    positions_ = register_module("pos_emb", torch::nn::Embedding(o.max_len, o.hidden));
+    for (int64_t i = 0; i < o.blocks; ++i)
+      blocks_.push_back(register_module("block" + std::to_string(i), Block(o, spec.attention(i))));
+    final_ln_ = register_module(
+        "final_ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.hidden}).eps(o.layer_norm_eps)));
+  }
+
+  at::Tensor encode(const at::Tensor& input) {
+    AttentionContext ctx;
+    at::Tensor keep;
+    auto x = embed(input, ctx, keep);
+    for (auto& b : blocks_) x = b->forward(x, ctx) * keep;
+    return final_ln_(x) * keep;
+  }
+
+  // encode(input)[:, -1]: every block but the last runs on all slots (they feed the last
+  // block's keys and values); the last block computes only what the last slot needs.
+  at::Tensor encode_last(const at::Tensor& input) {
+    AttentionContext ctx;
+    at::Tensor keep;
+    auto x = embed(input, ctx, keep);
+    for (size_t i = 0; i + 1 < blocks_.size(); ++i) x = blocks_[i]->forward(x, ctx) * keep;
+    auto keep_last = keep.select(1, input.size(1) - 1);
+    auto last = blocks_.back()->forward_last(x, ctx) * keep_last;
+    return final_ln_(last) * keep_last;
+  }
+
+  at::Tensor item_embeddings() { return items_->weight; }
+  std::vector<Block>& blocks() { return blocks_; }
+
+ private:
+  at::Tensor embed(const at::Tensor& input, AttentionContext& ctx, at::Tensor& keep) {
+    TORCH_CHECK(input.dim() == 2 && input.scalar_type() == at::kLong, "input must be [B, L] int64, got ",
+                input.sizes(), " ", input.scalar_type());
+    TORCH_CHECK(input.size(1) <= o_.max_len, "input length ", input.size(1), " exceeds max_len ", o_.max_len);
+    const int64_t L = input.size(1);
+    ctx.key_padding = input.eq(0);
+    keep = ctx.key_padding.logical_not().unsqueeze(-1).to(items_->weight.scalar_type());
+    // Positions count from the right edge so the most recent item always has the same
+    // position whatever the padding (sequences are left-padded).
+    ctx.positions = positions_(torch::arange(o_.max_len - L, o_.max_len, input.options()));
+    auto x = items_(input) * std::sqrt(static_cast<double>(o_.hidden));
+    if (positions_at_input_) x = x + ctx.positions.unsqueeze(0);
+    return ops::dropout(x, o_.dropout, is_training()) * keep;
+  }
+
+  ModelOptions o_;
+  bool positions_at_input_;
+  torch::nn::Embedding items_{nullptr}, positions_{nullptr};
+  std::vector<Block> blocks_;
+  torch::nn::LayerNorm final_ln_{nullptr};
+};
+
+// Xavier-normal for every matrix, zero biases, LayerNorm (1, 0), then each attention module's
+// own initialisation; the padding row is zero.
+void initialise(TransformerRecImpl& m, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  for (auto& p : m.named_parameters()) {
+    auto& t = p.value();
+    const auto& name = p.key();
+    if (t.dim() >= 2) {
+      const double fan_in = t.size(1), fan_out = t.size(0);
+      const double std = std::sqrt(2.0 / (fan_in + fan_out));
+      t.copy_(at::normal(0.0, std, t.sizes(), gen, t.options()));
+    } else if (name.find("_ln") != std::string::npos && name.size() > 6 &&
+               name.compare(name.size() - 6, 6, "weight") == 0) {
+      t.fill_(1.0);
+    } else {
+      t.zero_();
+    }
+  }
+  for (auto& b : m.blocks()) b->attention().initialise(gen);
+  m.item_embeddings()[0].zero_();
+}
+
+class BackboneModel : public SequenceModel {
+ public:
+  BackboneModel(const ModelOptions& o, const BackboneSpec& spec)
+      : o_(o), net_(std::make_shared<TransformerRecImpl>(o, spec)) {
+    initialise(*net_, o.init_seed);
+  }
+  at::Tensor encode(const at::Tensor& input) override { return net_->encode(input); }
+  at::Tensor encode_last(const at::Tensor& input) override { return net_->encode_last(input); }
+  at::Tensor item_embeddings() override { return net_->item_embeddings(); }
+  NamedTensors named_parameters() override {
+    NamedTensors out;
+    for (auto& p : net_->named_parameters()) out.emplace_back(p.key(), p.value());
+    return out;
+  }
+  NamedTensors named_buffers() override {
+    NamedTensors out;
+    for (auto& b : net_->named_buffers()) out.emplace_back(b.key(), b.value());
+    return out;
+  }
+  void set_training(bool on) override { net_->train(on); }
+  const ModelOptions& options() const override { return o_; }
+
+ private:
+  ModelOptions o_;
+  std::shared_ptr<TransformerRecImpl> net_;
+};
+
+}  // namespace
+
+std::unique_ptr<SequenceModel> make_backbone_model(const ModelOptions& options, BackboneSpec spec) {
+  TORCH_CHECK(spec.attention, "backbone needs an attention factory");
+  return std::make_unique<BackboneModel>(options, spec);
+}
+
+}  // namespace seqrec::models

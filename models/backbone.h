@@ -1,0 +1,29 @@
+#pragma once
+// The shared Transformer recommender every attention variant plugs into: item embedding
+// scaled by sqrt(d), learned right-aligned positions (added at the input unless the variant
+// encodes them inside attention), blocks of attention + point-wise FFN (pre-LN by default,
+// post-LN as an option), a final LayerNorm, scores against the shared item table. Internal to
+// models/: variants build an attention factory and call make_backbone_model.
+#include <functional>
+#include <memory>
+
+#include "models/attention.h"
+#include "models/model.h"
+
+namespace seqrec::models {
+
+using AttentionFactory = std::function<std::shared_ptr<AttentionModuleImpl>(int64_t layer)>;
+
+struct BackboneSpec {
+  AttentionFactory attention;
+  bool positions_at_input = true;  // false: positions reach attention through ctx.positions only
+};
+
+std::unique_ptr<SequenceModel> make_backbone_model(const ModelOptions& options, BackboneSpec spec);
+
+// One factory per --model, defined in models/<model>.cpp.
+std::unique_ptr<SequenceModel> make_sasrec(const ModelOptions& options);
+std::unique_ptr<SequenceModel> make_linrec(const ModelOptions& options);
+std::unique_ptr<SequenceModel> make_lightsans(const ModelOptions& options);
+
+}  // namespace seqrec::models

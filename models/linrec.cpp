@@ -1,0 +1,51 @@
+// LinRec (Liu et al., SIGIR'23): the backbone's softmax attention replaced by ELU + L2-normalised
+// linear attention, (KᵀV) first: O(L·d²) per layer. Trained SASRec-style, so every block uses the
+// causal prefix-sum form; the last slot equals the paper's global form over the whole sequence.
+#include <cmath>
+
+#include "models/backbone.h"
+#include "ops/linear_attention/linear_attention.h"
+
+namespace seqrec::models {
+namespace {
+
+class LinrecAttentionImpl : public AttentionModuleImpl {
+ public:
+  LinrecAttentionImpl(int64_t d, int64_t heads, ops::LinrecNorm norm) : heads_(heads), norm_(norm) {
+    qkv_ = register_module("qkv", torch::nn::Linear(d, 3 * d));
+    out_ = register_module("out", torch::nn::Linear(d, d));
+  }
+
+  at::Tensor forward(const at::Tensor& x, AttentionContext& ctx) override {
+    return attend(x, ctx, ops::LinrecForm::kCausal);
+  }
+
+  // The causal form's last slot sees every real key: the global form gives it without the
+  // per-chunk prefix work.
+  at::Tensor forward_last(const at::Tensor& x, AttentionContext& ctx) override {
+    return attend(x, ctx, ops::LinrecForm::kGlobal).select(1, x.size(1) - 1);
+  }
+
+ private:
+  at::Tensor attend(const at::Tensor& x, AttentionContext& ctx, ops::LinrecForm form) {
+    const int64_t B = x.size(0), L = x.size(1), D = x.size(2), dh = D / heads_;
+    auto qkv = qkv_(x).view({B, L, 3, heads_, dh}).permute({2, 0, 3, 1, 4});  // 3 x [B, H, L, dh]
+    auto o = ops::linrec_attention(qkv[0], qkv[1], qkv[2], ctx.key_padding, norm_, form);
+    return out_(o.transpose(1, 2).reshape({B, L, D}));
+  }
+
+  int64_t heads_;
+  ops::LinrecNorm norm_;
+  torch::nn::Linear qkv_{nullptr}, out_{nullptr};
+};
+
+}  // namespace
+
+std::unique_ptr<SequenceModel> make_linrec(const ModelOptions& o) {
+  const auto norm = ops::parse_linrec_norm(o.linrec_norm);
+  BackboneSpec spec;
+  spec.attention = [o, norm](int64_t) { return std::make_shared<LinrecAttentionImpl>(o.hidden, o.heads, norm); };
+  return make_backbone_model(o, spec);
+}
+
+}  // namespace seqrec::models

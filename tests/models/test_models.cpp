@@ -1,0 +1,206 @@
+// The SequenceModel contract, checked for every registered variant: real outputs do not depend
+// on how much padding precedes them, later items never change earlier outputs, encode_last is
+// the last slot of encode, every parameter receives a gradient, initialisation follows the
+// seed, and the signature names each variant's own options.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+
+#include "models/model.h"
+
+namespace {
+using namespace seqrec::models;
+
+struct Variant {
+  std::string name;
+  void (*set)(ModelOptions&);
+};
+
+std::vector<Variant> variants() {
+  return {
+      {"sasrec_preln", [](ModelOptions& o) { o.model = "sasrec"; }},
+      {"sasrec_postln", [](ModelOptions& o) { o.model = "sasrec"; o.norm_first = false; }},
+      {"lightsans", [](ModelOptions& o) { o.model = "lightsans"; o.interests = 3; }},
+      {"lightsans_ape", [](ModelOptions& o) { o.model = "lightsans"; o.interests = 3; o.lightsans_position = "absolute"; }},
+      {"lightsans_postln_gelu", [](ModelOptions& o) {
+         o.model = "lightsans"; o.norm_first = false; o.ffn_activation = "gelu"; o.ffn_inner = 32; }},
+      {"linrec_paper", [](ModelOptions& o) { o.model = "linrec"; }},
+      {"linrec_code", [](ModelOptions& o) { o.model = "linrec"; o.linrec_norm = "code"; o.norm_first = false; }},
+  };
+}
+
+ModelOptions options(const Variant& v) {
+  ModelOptions o;
+  o.num_items = 30;
+  o.max_len = 80;
+  o.hidden = 8;
+  o.blocks = 2;
+  o.heads = 2;
+  o.dropout = 0.0;
+  o.init_seed = 5;
+  v.set(o);
+  return o;
+}
+
+at::Tensor seq(const std::vector<int64_t>& items, int64_t L) {
+  auto t = torch::zeros({1, L}, torch::kInt64);
+  for (size_t i = 0; i < items.size(); ++i) t[0][L - items.size() + i] = items[i];
+  return t;
+}
+
+// A sequence long enough to span several of the ops' chunks (32/64 slots).
+std::vector<int64_t> long_items(int64_t n, int64_t salt) {
+  std::vector<int64_t> v;
+  for (int64_t i = 0; i < n; ++i) v.push_back(1 + (i * 7 + salt * 3) % 30);
+  return v;
+}
+
+class ModelContract : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(ModelContract, PaddingLengthDoesNotChangeRealOutputs) {
+  auto m = make_model(options(GetParam()));
+  m->set_training(false);
+  torch::NoGradGuard g;
+  auto items = long_items(70, 1);
+  auto a = m->encode(seq(items, 70));
+  auto b = m->encode(seq(items, 80));
+  EXPECT_TRUE(torch::allclose(a, b.narrow(1, 10, 70), 1e-5, 1e-5)) << (a - b.narrow(1, 10, 70)).abs().max();
+  EXPECT_EQ(b.narrow(1, 0, 10).abs().sum().item<double>(), 0.0) << "padded slots must be zero";
+  EXPECT_TRUE(torch::isfinite(b).all().item<bool>());
+}
+
+TEST_P(ModelContract, FutureItemsDoNotChangeEarlierOutputs) {
+  auto m = make_model(options(GetParam()));
+  m->set_training(false);
+  torch::NoGradGuard g;
+  auto items = long_items(75, 2);
+  auto a = m->encode(seq(items, 80));
+  items[70] = items[70] % 30 + 1;
+  items[74] = items[74] % 30 + 1;
+  auto b = m->encode(seq(items, 80));
+  // slot of items[70] is 5 + 70 = 75
+  EXPECT_TRUE(torch::equal(a.narrow(1, 0, 75), b.narrow(1, 0, 75)));
+  EXPECT_FALSE(torch::allclose(a.narrow(1, 75, 5), b.narrow(1, 75, 5)));
+}
+
+TEST_P(ModelContract, EncodeLastEqualsTheLastSlotOfEncode) {
+  auto m = make_model(options(GetParam()));
+  m->set_training(false);
+  torch::NoGradGuard g;
+  auto input = torch::cat({seq({3, 7, 1, 9}, 70), seq({5}, 70), seq(long_items(70, 3), 70)});
+  auto full = m->encode(input).select(1, 69);
+  auto last = m->encode_last(input);
+  EXPECT_TRUE(torch::allclose(full, last, 1e-5, 1e-5)) << (full - last).abs().max();
+}
+
+TEST_P(ModelContract, EveryParameterGetsAGradient) {
+  auto o = options(GetParam());
+  o.dropout = 0.1;
+  auto m = make_model(o);
+  m->set_training(true);
+  auto input = torch::cat({seq(long_items(40, 4), 40), seq({2, 4, 6}, 40)});
+  auto h = m->encode(input);
+  auto loss = torch::matmul(h, m->item_embeddings().t()).logsumexp(-1).sum();
+  loss.backward();
+  for (auto& [name, p] : m->named_parameters()) {
+    ASSERT_TRUE(p.grad().defined()) << name;
+    EXPECT_TRUE(torch::isfinite(p.grad()).all().item<bool>()) << name;
+    if (name.find("item_emb") == std::string::npos)
+      EXPECT_GT(p.grad().abs().sum().item<double>(), 0.0) << name;
+  }
+}
+
+TEST_P(ModelContract, InitialisationFollowsTheSeed) {
+  auto o = options(GetParam());
+  auto a = make_model(o), b = make_model(o);
+  o.init_seed = 6;
+  auto c = make_model(o);
+  auto pa = a->named_parameters(), pb = b->named_parameters(), pc = c->named_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  bool any_diff = false;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_TRUE(torch::equal(pa[i].second, pb[i].second)) << pa[i].first;
+    any_diff |= !torch::equal(pa[i].second, pc[i].second);
+  }
+  EXPECT_TRUE(any_diff);
+  EXPECT_EQ(a->item_embeddings()[0].abs().sum().item<double>(), 0.0) << "padding row starts at zero";
+}
+
+TEST_P(ModelContract, SignatureRoundTrips) {
+  auto o = options(GetParam());
+  EXPECT_EQ(model_signature(parse_model_signature(model_signature(o))), model_signature(o));
+  EXPECT_TRUE(signature_difference(model_signature(o), model_signature(o)).empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(AllModels, ModelContract, ::testing::ValuesIn(variants()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(Models, VariantOptionsAreValidatedAndSigned) {
+  ModelOptions o;
+  o.num_items = 10;
+  o.model = "lightsans";
+  o.interests = 0;
+  EXPECT_THROW(make_model(o), std::invalid_argument);
+  o.interests = 4;
+  o.lightsans_position = "relative";
+  EXPECT_THROW(make_model(o), std::invalid_argument);
+  o = ModelOptions{};
+  o.num_items = 10;
+  o.model = "linrec";
+  o.linrec_norm = "l1";
+  EXPECT_THROW(make_model(o), std::invalid_argument);
+  o.linrec_norm = "paper";
+  o.ffn_activation = "tanh";
+  EXPECT_THROW(make_model(o), std::invalid_argument);
+
+  ModelOptions l;
+  l.num_items = 10;
+  l.model = "lightsans";
+  auto ape = l;
+  ape.lightsans_position = "absolute";
+  EXPECT_NE(signature_difference(model_signature(l), model_signature(ape)).find("lightsans_position"),
+            std::string::npos);
+  // SASRec signatures written before the FFN keys existed still compare equal.
+  ModelOptions s;
+  s.num_items = 10;
+  std::string old = model_signature(s);
+  old.erase(old.find("ffn_inner="));
+  EXPECT_TRUE(signature_difference(old, model_signature(s)).empty());
+}
+
+ModelOptions sasrec_small() {
+  ModelOptions o;
+  o.num_items = 30;
+  o.max_len = 12;
+  o.hidden = 8;
+  o.heads = 2;
+  return o;
+}
+
+TEST(Models, ValidatesOptions) {
+  auto o = sasrec_small();
+  o.model = "nosuch";
+  EXPECT_THROW(make_model(o), std::invalid_argument);
+  o = sasrec_small();
+  o.max_len = 0;
+  EXPECT_THROW(make_model(o), std::invalid_argument);
+  o = sasrec_small();
+  o.heads = 3;
+  EXPECT_THROW(make_model(o), std::invalid_argument);
+  o = sasrec_small();
+  o.dropout = 1.0;
+  EXPECT_THROW(make_model(o), std::invalid_argument);
+}
+
+TEST(Models, SignatureRoundTripsAndNamesDifferences) {
+  auto o = sasrec_small();
+  EXPECT_EQ(model_signature(parse_model_signature(model_signature(o))), model_signature(o));
+  auto p = o;
+  p.hidden = 16;
+  auto diff = signature_difference(model_signature(o), model_signature(p));
+  EXPECT_NE(diff.find("hidden: 8 vs 16"), std::string::npos) << diff;
+  EXPECT_TRUE(signature_difference(model_signature(o), model_signature(o)).empty());
+}
+
+}  // namespace
