@@ -24,6 +24,14 @@ function(_seqrec_common target)
   target_precompile_headers(${target} REUSE_FROM seqrec_pch)
 endfunction()
 
+# seqrec_add_executable(NAME SOURCES ... DEPS ...): tools and benchmark drivers.
+function(seqrec_add_executable name)
+  cmake_parse_arguments(A "" "" "SOURCES;DEPS" ${ARGN})
+  add_executable(${name} ${A_SOURCES})
+  _seqrec_common(${name})
+  target_link_libraries(${name} PRIVATE ${A_DEPS})
+endfunction()
+
 # seqrec_add_library(NAME SOURCES ... DEPS ...)
 function(seqrec_add_library name)
   cmake_parse_arguments(A "" "" "SOURCES;DEPS" ${ARGN})

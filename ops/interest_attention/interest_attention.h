@@ -20,9 +20,10 @@ namespace seqrec::ops {
 
 // x [B, L, D], logits [B, L, k], key_padding [B, L] bool -> [B, L, k, D]. Exact and stable for
 // any logit range: computed in chunks with running maxima (a slot's weights are normalised
-// against the largest logit it can see). A slot that sees no real row gets zeros.
+// against the largest logit it can see). A slot that sees no real row gets zeros. Work per
+// slot is O(k·D·(chunk + L/chunk)); chunk 0 picks the power of two nearest sqrt(L).
 at::Tensor causal_interest_aggregation(const at::Tensor& x, const at::Tensor& logits,
-                                       const at::Tensor& key_padding, int64_t chunk = 32);
+                                       const at::Tensor& key_padding, int64_t chunk = 0);
 
 // q [B, H, L, Dh]; keys, values [B, L, k, H·Dh] (from causal_interest_aggregation) ->
 // [B, H, L, Dh]: slot t's query attends its own k interests, softmax over the k interests,

@@ -17,9 +17,10 @@ at::Tensor causal_interest_aggregation(const at::Tensor& x, const at::Tensor& lo
   TORCH_CHECK(key_padding.dim() == 2 && key_padding.scalar_type() == at::kBool &&
                   key_padding.size(0) == x.size(0) && key_padding.size(1) == x.size(1),
               "key_padding must be bool [B, L] matching x ", x.sizes(), "; got ", key_padding.sizes());
-  TORCH_CHECK(chunk > 0, "chunk must be > 0, got ", chunk);
+  TORCH_CHECK(chunk >= 0, "chunk must be >= 0 (0 = automatic), got ", chunk);
   const int64_t B = x.size(0), L = x.size(1), D = x.size(2), K = logits.size(2);
   if (L == 0) return torch::zeros({B, 0, K, D}, x.options());
+  if (chunk == 0) chunk = std::max<int64_t>(8, int64_t{1} << std::lround(std::log2(std::sqrt(double(L)))));
   const int64_t C = std::min(chunk, L), n = (L + C - 1) / C, Lp = n * C;
   const double inf = std::numeric_limits<double>::infinity();
 
@@ -51,29 +52,31 @@ at::Tensor causal_interest_aggregation(const at::Tensor& x, const at::Tensor& lo
     m_chunk = m_chunk.masked_fill(chunk_real.logical_not(), 0.0);
   }
 
-  // Inside each chunk: w[t, s] = exp(a[s] - M[t]) for real s <= t.
-  auto visible = torch::ones({C, C}, x.options().dtype(at::kBool)).tril().view({1, 1, C, C, 1}) &
-                 rc.view({B, n, 1, C, 1});
-  auto expo = ac.unsqueeze(2) - m_slot.unsqueeze(3);           // [B, n, T, S, K]
+  // Inside each chunk: w[t, k, s] = exp(a[s, k] - M[t, k]) for real s <= t, laid out
+  // [B*n, T*K, S] so the weighted sums are one batched GEMM with no transposed copies.
+  auto visible = torch::ones({C, C}, x.options().dtype(at::kBool)).tril().view({1, 1, C, 1, C}) &
+                 rc.reshape({B, n, 1, 1, C});
+  auto expo = ac.transpose(2, 3).unsqueeze(2) - m_slot.unsqueeze(-1);  // [B, n, T, K, S]
   auto w = torch::where(visible, expo, torch::full({}, -inf, expo.options())).exp();
-  auto z = w.sum(3);                                           // [B, n, T, K]
-  auto num = torch::einsum("bntsk,bnsd->bntkd", {w, xc});     // [B, n, T, K, D]
+  auto z = w.sum(-1);                                                    // [B, n, T, K]
+  auto num = torch::bmm(w.reshape({B * n, C * K, C}), xc.reshape({B * n, C, D})).view({B, n, C, K, D});
 
   if (n > 1) {
     // Whole earlier chunks, each summarised against its own maximum, rescaled to M[t].
-    auto e = torch::where(rc, ac - m_chunk.unsqueeze(2), torch::full({}, -inf, ac.options())).exp();
-    auto zc = e.sum(2);                                        // [B, n, K]
-    auto nc = torch::einsum("bnsk,bnsd->bnkd", {e, xc});      // [B, n, K, D]
-    at::Tensor u;
+    auto e = torch::where(rc, ac - m_chunk.unsqueeze(2), torch::full({}, -inf, ac.options())).exp();  // [B, n', S, K]
+    auto zc = e.sum(2);                                                                            // [B, n', K]
+    auto nc = torch::bmm(e.reshape({B * n, C, K}).transpose(1, 2), xc.reshape({B * n, C, D}))          // [B*n', K, D]
+                  .view({B, n, K, D}).permute({0, 2, 1, 3});                                      // [B, K, n', D]
+    at::Tensor u;  // [B, K, n, T, n'], constants
     {
       torch::NoGradGuard no_grad;
       auto earlier = torch::ones({n, n}, x.options().dtype(at::kBool)).tril(-1);  // [c, c'] c' < c
-      auto ex = m_chunk.view({B, 1, 1, n, K}) - m_slot.unsqueeze(3);             // [B, n, T, n', K]
-      auto use = earlier.view({1, n, 1, n, 1}) & chunk_real.view({B, 1, 1, n, K});
+      auto use = earlier.view({1, 1, n, 1, n}) & chunk_real.permute({0, 2, 1}).reshape({B, K, 1, 1, n});
+      auto ex = m_chunk.permute({0, 2, 1}).reshape({B, K, 1, 1, n}) - m_slot.permute({0, 3, 1, 2}).unsqueeze(-1);
       u = torch::where(use, ex, torch::full({}, -inf, ex.options())).exp();
     }
-    z = z + torch::einsum("bntck,bck->bntk", {u, zc});
-    num = num + torch::einsum("bntck,bckd->bntkd", {u, nc});
+    z = z + (u * zc.permute({0, 2, 1}).reshape({B, K, 1, 1, n})).sum(-1).permute({0, 2, 3, 1});
+    num = num + torch::matmul(u.view({B, K, n * C, n}), nc).view({B, K, n, C, D}).permute({0, 2, 3, 1, 4});
   }
   // z >= 1 wherever the slot sees a real row (its largest visible logit has weight 1).
   auto out = num / z.clamp_min(1e-30).unsqueeze(-1);
@@ -91,8 +94,8 @@ at::Tensor interest_attention(const at::Tensor& q, const at::Tensor& keys, const
               values.sizes());
   const int64_t K = keys.size(2);
   // [B, L, k, H, Dh] -> [B, H, L, k, Dh]
-  auto kh = keys.view({B, L, K, H, Dh}).permute({0, 3, 1, 2, 4});
-  auto vh = values.view({B, L, K, H, Dh}).permute({0, 3, 1, 2, 4});
+  auto kh = keys.reshape({B, L, K, H, Dh}).permute({0, 3, 1, 2, 4});
+  auto vh = values.reshape({B, L, K, H, Dh}).permute({0, 3, 1, 2, 4});
   auto scores = torch::matmul(kh, q.unsqueeze(-1)).squeeze(-1) / std::sqrt(static_cast<double>(Dh));
   auto p = ops::dropout(torch::softmax(scores, -1), dropout, training);  // [B, H, L, k]
   return torch::matmul(p.unsqueeze(-2), vh).squeeze(-2);               // [B, H, L, Dh]

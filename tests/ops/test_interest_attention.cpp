@@ -146,7 +146,7 @@ TEST(InterestAggregation, BadInputIsNamed) {
   auto x = torch::randn({1, 4, 2});
   EXPECT_THROW(causal_interest_aggregation(x, torch::randn({1, 5, 2}), torch::zeros({1, 4}, torch::kBool)),
                c10::Error);
-  EXPECT_THROW(causal_interest_aggregation(x, torch::randn({1, 4, 2}), torch::zeros({1, 4}, torch::kBool), 0),
+  EXPECT_THROW(causal_interest_aggregation(x, torch::randn({1, 4, 2}), torch::zeros({1, 4}, torch::kBool), -1),
                c10::Error);
   EXPECT_THROW(interest_attention(torch::randn({1, 2, 4, 3}), torch::randn({1, 4, 2, 5}),
                                   torch::randn({1, 4, 2, 5}), 0.0, false),

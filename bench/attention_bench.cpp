@@ -1,0 +1,124 @@
+// Forward + backward time and peak memory of one attention op at one sequence length, for
+// bench/attention_scaling.sh (one process per point, so each peak is the op's own).
+//   attention_bench --op softmax|linrec|lightsans|lisa --len L [--tokens 16384] [--dim 64]
+//                   [--heads 1] [--interests 20] [--codebooks 8] [--codewords 16] [--iters 3]
+// Prints one JSON line: op, len, batch, ms (median fwd+bwd), peak_mb (resident high-water mark
+// above the inputs' baseline).
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "ops/interest_attention/interest_attention.h"
+#include "ops/linear_attention/linear_attention.h"
+#include "ops/softmax_attention/softmax_attention.h"
+#if __has_include("ops/lisa_attention/lisa_attention.h")
+#include "ops/lisa_attention/lisa_attention.h"
+#define SEQREC_BENCH_LISA 1
+#endif
+
+namespace {
+
+double status_mb(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind(key, 0) == 0) return std::atof(line.c_str() + std::string(key).size()) / 1024.0;
+  return 0;
+}
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|lightsans|lisa --len L "
+               "[--tokens N] [--dim D] [--heads H] [--interests K] [--codebooks C] [--codewords W] [--iters I]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string op;
+  int64_t len = 0, tokens = 16384, dim = 64, heads = 1, interests = 20, codebooks = 8, codewords = 16, iters = 3;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (i + 1 >= argc) usage("missing value for " + a);
+    std::string v = argv[++i];
+    if (a == "--op") op = v;
+    else if (a == "--len") len = std::atoll(v.c_str());
+    else if (a == "--tokens") tokens = std::atoll(v.c_str());
+    else if (a == "--dim") dim = std::atoll(v.c_str());
+    else if (a == "--heads") heads = std::atoll(v.c_str());
+    else if (a == "--interests") interests = std::atoll(v.c_str());
+    else if (a == "--codebooks") codebooks = std::atoll(v.c_str());
+    else if (a == "--codewords") codewords = std::atoll(v.c_str());
+    else if (a == "--iters") iters = std::atoll(v.c_str());
+    else usage("unknown flag " + a);
+  }
+  if (len <= 0 || tokens < len || dim % heads != 0) usage("need --len in [1, tokens] and heads dividing dim");
+  torch::manual_seed(0);
+  const int64_t B = tokens / len, dh = dim / heads;
+  auto pad = torch::zeros({B, len}, torch::kBool);
+  std::vector<at::Tensor> leaves;
+  auto leaf = [&](at::Tensor t) {
+    t.requires_grad_(true);
+    leaves.push_back(t);
+    return t;
+  };
+  std::function<at::Tensor()> run;
+  if (op == "softmax" || op == "linrec") {
+    auto q = leaf(torch::randn({B, heads, len, dh})), k = leaf(torch::randn({B, heads, len, dh})),
+         v = leaf(torch::randn({B, heads, len, dh}));
+    if (op == "softmax")
+      run = [=] { return seqrec::ops::causal_softmax_attention(q, k, v, pad, 0.0, true); };
+    else
+      run = [=] {
+        return seqrec::ops::linrec_attention(q, k, v, pad, seqrec::ops::LinrecNorm::kPaper,
+                                             seqrec::ops::LinrecForm::kCausal);
+      };
+  } else if (op == "lightsans") {
+    // The item-to-interest branch (LightSANs-ape's whole attention): aggregate keys and values,
+    // attend each slot's query over its interests.
+    auto q = leaf(torch::randn({B, heads, len, dh})), k = leaf(torch::randn({B, len, dim})),
+         v = leaf(torch::randn({B, len, dim})), tk = leaf(torch::randn({dim, interests})),
+         tv = leaf(torch::randn({dim, interests}));
+    run = [=] {
+      auto keys = seqrec::ops::causal_interest_aggregation(k, torch::matmul(k, tk), pad);
+      auto values = seqrec::ops::causal_interest_aggregation(v, torch::matmul(v, tv), pad);
+      return seqrec::ops::interest_attention(q, keys, values, 0.0, true);
+    };
+#ifdef SEQREC_BENCH_LISA
+  } else if (op == "lisa") {
+    auto logits = leaf(torch::randn({B, len, codebooks, codewords}));
+    auto index = torch::randint(codewords, {B, len, codebooks}, torch::kLong);
+    auto table = leaf(torch::randn({codebooks, codewords, codewords}));
+    auto values = leaf(torch::randn({codebooks, codewords, dim}));
+    run = [=] {
+      return seqrec::ops::lisa_attention(torch::softmax(logits, -1), index, pad, table, values, std::exp(-0.1));
+    };
+#endif
+  } else {
+    usage("unknown --op '" + op + "'");
+  }
+  const double base = status_mb("VmRSS:");
+  std::vector<double> ms;
+  for (int64_t i = 0; i <= iters; ++i) {  // the first pass warms up
+    auto t0 = std::chrono::steady_clock::now();
+    auto out = run();
+    out.sum().backward();
+    auto t1 = std::chrono::steady_clock::now();
+    for (auto& l : leaves) l.mutable_grad() = at::Tensor();
+    if (i > 0) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  std::printf("{\"op\":\"%s\",\"len\":%lld,\"batch\":%lld,\"dim\":%lld,\"heads\":%lld,\"threads\":%d,"
+              "\"ms\":%.2f,\"peak_mb\":%.1f}\n",
+              op.c_str(), static_cast<long long>(len), static_cast<long long>(B), static_cast<long long>(dim),
+              static_cast<long long>(heads), at::get_num_threads(), ms[ms.size() / 2],
+              status_mb("VmHWM:") - base);
+  return 0;
+}

@@ -1,0 +1,354 @@
+// LISA's codeword-histogram attention against a loop-level reference in double: shapes that
+// break the 64-slot chunking (length 1, odd lengths, several chunks, two scan levels),
+// C and W of 1, left and right padding, all-padding rows, decay 1 and e^-0.1, soft and one-hot
+// weights; causality, padding isolation, gradients against a differentiable double reference
+// and central differences, long-sequence stability, and named errors.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "ops/lisa_attention/lisa_attention.h"
+
+namespace {
+
+using seqrec::ops::decayed_prefix_sum;
+using seqrec::ops::lisa_attention;
+
+const double kDecay = std::exp(-0.1);
+
+// true at padded slots: the first L - len slots (left) or the last ones (right).
+at::Tensor padding(const std::vector<int64_t>& lengths, int64_t L, bool left = true) {
+  auto pad = torch::ones({static_cast<int64_t>(lengths.size()), L}, torch::kBool);
+  for (size_t b = 0; b < lengths.size(); ++b)
+    if (lengths[b] > 0) pad[b].narrow(0, left ? L - lengths[b] : 0, lengths[b]).fill_(false);
+  return pad;
+}
+
+struct Inputs {
+  at::Tensor weights, index, pad, table, values;
+};
+
+// Soft rows are softmaxes (index = their argmax); one-hot rows are one_hot(index). Padded slots
+// hold garbage weights on purpose: the op must zero them itself.
+Inputs make_inputs(int64_t B, int64_t L, int64_t C, int64_t W, int64_t D, const at::Tensor& pad, bool onehot,
+                   torch::Dtype dtype = torch::kFloat32) {
+  Inputs in;
+  if (onehot) {
+    in.index = torch::randint(0, W, {B, L, C}, torch::kLong);
+    in.weights = torch::one_hot(in.index, W).to(dtype);
+  } else {
+    in.weights = torch::softmax(2.0 * torch::randn({B, L, C, W}, dtype), -1);
+    in.index = in.weights.argmax(-1);
+  }
+  in.weights.masked_fill_(pad.view({B, L, 1, 1}), 3.0);
+  in.pad = pad;
+  in.table = 1.5 * torch::randn({C, W, W}, dtype);
+  in.values = torch::randn({C, W, D}, dtype);
+  return in;
+}
+
+at::Tensor run(const Inputs& in, double decay) {
+  return lisa_attention(in.weights, in.index, in.pad, in.table, in.values, decay);
+}
+
+// F[b, i, n] = sum_{j <= i} decay^(i-j) x[b, j, n], in double, by the definition.
+at::Tensor naive_scan(const at::Tensor& x, double decay) {
+  const int64_t B = x.size(0), L = x.size(1);
+  auto xd = x.to(torch::kFloat64).reshape({B, L, -1}).contiguous();
+  const int64_t N = xd.size(2);
+  std::vector<double> pw(L);
+  for (int64_t k = 0; k < L; ++k) pw[k] = std::pow(decay, static_cast<double>(k));
+  auto X = xd.accessor<double, 3>();
+  auto out = torch::zeros({B, L, N}, torch::kFloat64);
+  auto O = out.accessor<double, 3>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t j = 0; j <= i; ++j)
+        for (int64_t n = 0; n < N; ++n) O[b][i][n] += pw[i - j] * X[b][j][n];
+  return out.view(x.sizes());
+}
+
+// The op by its definition, in double: padded slots add nothing and output 0; a codebook whose
+// histogram row is all zero adds nothing.
+at::Tensor naive(const Inputs& in, double decay) {
+  const int64_t B = in.weights.size(0), L = in.weights.size(1), C = in.weights.size(2),
+                W = in.weights.size(3), D = in.values.size(2);
+  auto wd = in.weights.to(torch::kFloat64).contiguous(), td = in.table.to(torch::kFloat64).contiguous(),
+       vd = in.values.to(torch::kFloat64).contiguous();
+  auto E = wd.accessor<double, 4>();
+  auto T = td.accessor<double, 3>();
+  auto V = vd.accessor<double, 3>();
+  auto I = in.index.accessor<int64_t, 3>();
+  auto P = in.pad.accessor<bool, 2>();
+  auto out = torch::zeros({B, L, D}, torch::kFloat64);
+  auto O = out.accessor<double, 3>();
+  std::vector<double> pw(L), F(W);
+  for (int64_t k = 0; k < L; ++k) pw[k] = std::pow(decay, static_cast<double>(k));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < L; ++i) {
+      if (P[b][i]) continue;
+      for (int64_t c = 0; c < C; ++c) {
+        for (int64_t w = 0; w < W; ++w) {
+          F[w] = 0;
+          for (int64_t j = 0; j <= i; ++j)
+            if (!P[b][j]) F[w] += pw[i - j] * E[b][j][c][w];
+        }
+        const int64_t u = I[b][i][c];
+        double z = 0;
+        for (int64_t w = 0; w < W; ++w) z += F[w] * std::exp(T[c][u][w]);
+        if (z == 0) continue;
+        for (int64_t w = 0; w < W; ++w)
+          for (int64_t d = 0; d < D; ++d) O[b][i][d] += F[w] * std::exp(T[c][u][w]) / z * V[c][w][d];
+      }
+    }
+  return out;
+}
+
+// The same definition in differentiable double tensor ops (O(L²) decay matrix, per-slot
+// gathers), for gradients.
+at::Tensor naive_autograd(const at::Tensor& weights, const at::Tensor& index, const at::Tensor& pad,
+                          const at::Tensor& table, const at::Tensor& values, double decay) {
+  const int64_t B = weights.size(0), L = weights.size(1), C = weights.size(2), W = weights.size(3);
+  auto real = pad.logical_not().to(torch::kFloat64).view({B, L, 1, 1});
+  auto m = torch::zeros({L, L}, torch::kFloat64);
+  for (int64_t i = 0; i < L; ++i)
+    for (int64_t j = 0; j <= i; ++j) m[i][j] = std::pow(decay, static_cast<double>(i - j));
+  auto F = torch::einsum("ij,bjn->bin", {m, (weights * real).reshape({B, L, C * W})}).reshape({B, L, C, W});
+  auto I = index.accessor<int64_t, 3>();
+  std::vector<at::Tensor> rows;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t c = 0; c < C; ++c) rows.push_back(table[c][I[b][i][c]]);
+  auto T = torch::stack(rows).view({B, L, C, W});
+  auto e = F * torch::exp(T);
+  auto z = e.sum(-1, true);
+  auto ok = (z.detach() > 0).logical_and(real.to(torch::kBool));
+  auto A = torch::where(ok, e / torch::where(ok, z, torch::ones_like(z)), torch::zeros_like(e));
+  return torch::einsum("bicw,cwd->bid", {A, values});
+}
+
+double max_err(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+}
+
+struct Case {
+  int64_t B, L, C, W, D;
+  std::vector<int64_t> lengths;
+  bool left;
+};
+
+TEST(LisaAttention, MatchesLoopReference) {
+  torch::manual_seed(11);
+  std::vector<Case> cases = {{1, 1, 1, 1, 1, {1}, true},          {2, 7, 3, 5, 3, {7, 3}, true},
+                             {3, 67, 1, 5, 5, {67, 40, 0}, true},  {2, 130, 3, 5, 7, {130, 1}, true},
+                             {2, 64, 2, 1, 3, {64, 17}, true},      {2, 65, 3, 4, 9, {65, 30}, false},
+                             {1, 7, 1, 1, 1, {0}, true}};
+  for (const auto& c : cases)
+    for (double decay : {1.0, kDecay})
+      for (bool onehot : {false, true}) {
+        auto in = make_inputs(c.B, c.L, c.C, c.W, c.D, padding(c.lengths, c.L, c.left), onehot);
+        auto got = run(in, decay);
+        ASSERT_EQ(got.sizes(), (std::vector<int64_t>{c.B, c.L, c.D}));
+        ASSERT_TRUE(torch::isfinite(got).all().item<bool>());
+        auto want = naive(in, decay);
+        // fp32 against a float64 loop: histograms up to 130, logits within ~±6, outputs O(1).
+        EXPECT_TRUE(torch::allclose(got.to(torch::kFloat64), want, 1e-5, 1e-5))
+            << "L=" << c.L << " C=" << c.C << " W=" << c.W << " decay=" << decay << " onehot=" << onehot
+            << " max err " << max_err(got, want);
+        // The same op in double isolates the algorithm from fp32 rounding.
+        Inputs ind = in;
+        for (auto* t : {&ind.weights, &ind.table, &ind.values}) *t = t->to(torch::kFloat64);
+        EXPECT_TRUE(torch::allclose(run(ind, decay), want, 1e-11, 1e-12))
+            << "double, L=" << c.L << " max err " << max_err(run(ind, decay), want);
+      }
+}
+
+TEST(LisaAttention, PrefixSumMatchesLoopReference) {
+  torch::manual_seed(12);
+  // 4150 > 64·64 slots: the chunk states are themselves scanned in chunks (two levels).
+  for (int64_t L : {1, 7, 63, 64, 65, 130, 4150})
+    for (double decay : {1.0, kDecay, 0.5}) {
+      auto x = torch::rand({2, L, 2, 3}, torch::kFloat64);
+      auto want = naive_scan(x, decay);
+      auto got = decayed_prefix_sum(x, decay);
+      EXPECT_TRUE(torch::allclose(got, want, 1e-12, 1e-10)) << "L=" << L << " decay=" << decay << " "
+                                                              << max_err(got, want);
+      auto got32 = decayed_prefix_sum(x.to(torch::kFloat32), decay);
+      EXPECT_TRUE(torch::allclose(got32.to(torch::kFloat64), want, 1e-5, 1e-5))
+          << "fp32 L=" << L << " decay=" << decay << " " << max_err(got32, want);
+    }
+}
+
+TEST(LisaAttention, PrefixSumOfCountsIsExactForDecayOne) {
+  torch::manual_seed(13);
+  // Integer histograms are exact in fp32: any decay factor other than exactly 1 would show.
+  auto x = torch::one_hot(torch::randint(0, 5, {3, 300, 2}, torch::kLong), 5).to(torch::kFloat32);
+  EXPECT_TRUE(torch::equal(decayed_prefix_sum(x, 1.0), torch::cumsum(x, 1)));
+}
+
+TEST(LisaAttention, FutureItemsDoNotChangeEarlierOutputs) {
+  torch::manual_seed(14);
+  const int64_t L = 130;
+  auto in = make_inputs(2, L, 3, 5, 4, padding({L, 90}, L), true);
+  for (double decay : {1.0, kDecay}) {
+    auto base = run(in, decay);
+    for (int64_t t : {41, 63, 64, 100, 129}) {
+      Inputs moved = in;
+      moved.weights = in.weights.clone();
+      moved.index = in.index.clone();
+      moved.weights.select(1, t).uniform_(0, 2);
+      moved.index.select(1, t).random_(0, 5);
+      auto out = run(moved, decay);
+      EXPECT_TRUE(torch::equal(out.narrow(1, 0, t), base.narrow(1, 0, t))) << "changing slot " << t;
+      EXPECT_FALSE(torch::allclose(out.narrow(1, t, L - t), base.narrow(1, t, L - t))) << "slot " << t;
+    }
+  }
+}
+
+TEST(LisaAttention, PaddedSlotsDoNotChangeRealOutputs) {
+  torch::manual_seed(15);
+  const int64_t L = 75;
+  for (bool left : {true, false}) {
+    auto pad = padding({75, 50, 3}, L, left);
+    for (bool onehot : {false, true}) {
+      auto in = make_inputs(3, L, 2, 4, 5, pad, onehot);
+      auto base = run(in, kDecay);
+      Inputs moved = in;
+      moved.weights = in.weights.clone();
+      moved.index = in.index.clone();
+      auto p = pad.view({3, L, 1, 1});
+      moved.weights = torch::where(p, torch::rand_like(in.weights) * 100, in.weights);
+      moved.index = torch::where(pad.view({3, L, 1}), torch::randint_like(in.index, 0, 4), in.index);
+      auto out = run(moved, kDecay);
+      auto real = pad.logical_not().view({3, L, 1});
+      EXPECT_TRUE(torch::equal(out.masked_fill(real.logical_not(), 0), base.masked_fill(real.logical_not(), 0)))
+          << "left=" << left << " onehot=" << onehot;
+      // Padded slots output exactly 0 on either padding side.
+      EXPECT_EQ(out.masked_fill(real, 0).abs().max().item<double>(), 0.0);
+    }
+  }
+}
+
+TEST(LisaAttention, GradientsMatchDifferentiableReference) {
+  torch::manual_seed(16);
+  const int64_t B = 3, L = 70, C = 3, W = 4, D = 5;
+  auto pad = padding({70, 20, 0}, L);
+  for (double decay : {1.0, kDecay})
+    for (bool onehot : {false, true}) {
+      auto in = make_inputs(B, L, C, W, D, pad, onehot, torch::kFloat64);
+      auto g = torch::randn({B, L, D}, torch::kFloat64);
+      auto w = in.weights.clone().requires_grad_(), t = in.table.clone().requires_grad_(),
+           v = in.values.clone().requires_grad_();
+      auto got = torch::autograd::grad({(lisa_attention(w, in.index, pad, t, v, decay) * g).sum()}, {w, t, v});
+      auto want = torch::autograd::grad({(naive_autograd(w, in.index, pad, t, v, decay) * g).sum()}, {w, t, v});
+      const char* names[] = {"weights", "table", "values"};
+      for (int k = 0; k < 3; ++k) {
+        ASSERT_TRUE(torch::isfinite(got[k]).all().item<bool>()) << names[k];
+        EXPECT_TRUE(torch::allclose(got[k], want[k], 1e-6, 1e-9))
+            << names[k] << " decay=" << decay << " onehot=" << onehot << " max err "
+            << max_err(got[k], want[k]);
+      }
+      // One-hot rows still pass gradient to their zero entries (straight-through estimators rely
+      // on it), and padded slots get none.
+      auto gw = got[0];
+      if (onehot) {
+        auto at_zeros = torch::logical_and(in.weights == 0, pad.logical_not().view({B, L, 1, 1}));
+        EXPECT_GT(gw.masked_select(at_zeros).abs().max().item<double>(), 0.0);
+      }
+      EXPECT_EQ(gw.masked_select(pad.view({B, L, 1, 1}).expand_as(gw)).abs().max().item<double>(), 0.0);
+    }
+}
+
+TEST(LisaAttention, GradientsMatchCentralDifferences) {
+  torch::manual_seed(17);
+  const int64_t B = 2, L = 9, C = 2, W = 3, D = 3;
+  auto pad = padding({9, 4}, L);
+  auto in = make_inputs(B, L, C, W, D, pad, true, torch::kFloat64);
+  in.weights.masked_fill_(pad.view({B, L, 1, 1}), 0.0);
+  auto g = torch::randn({B, L, D}, torch::kFloat64);
+  auto w = in.weights.clone().requires_grad_(), t = in.table.clone().requires_grad_(),
+       v = in.values.clone().requires_grad_();
+  auto f = [&] { return (lisa_attention(w, in.index, pad, t, v, kDecay) * g).sum(); };
+  auto grads = torch::autograd::grad({f()}, {w, t, v});
+  std::vector<at::Tensor> inputs = {w, t, v};
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    auto flat = inputs[k].detach().view(-1);
+    auto gk = grads[k].reshape(-1);
+    for (int64_t j = 0; j < flat.numel(); j += 3) {
+      const double h = 1e-6, keep = flat[j].item<double>();
+      torch::NoGradGuard ng;
+      flat[j] = keep + h;
+      const double up = f().item<double>();
+      flat[j] = keep - h;
+      const double down = f().item<double>();
+      flat[j] = keep;
+      EXPECT_NEAR(gk[j].item<double>(), (up - down) / (2 * h), 1e-6) << "input " << k << " index " << j;
+    }
+  }
+}
+
+TEST(LisaAttention, LongSequencesStayFinite) {
+  torch::manual_seed(18);
+  const int64_t L = 2048, C = 2, W = 4, D = 8;
+  // Row 1 is right-padded after 10 items: its histogram decays through ~e^-200 towards 0 over
+  // the padded tail, the regime where an unguarded normaliser produces 0·inf.
+  auto pad = torch::stack({padding({L}, L)[0], padding({10}, L, false)[0]});
+  auto in = make_inputs(2, L, C, W, D, pad, false);
+  auto x = in.weights.masked_fill(pad.view({2, L, 1, 1}), 0.0);
+  auto hist = decayed_prefix_sum(x, kDecay);
+  ASSERT_TRUE(torch::isfinite(hist).all().item<bool>());
+  EXPECT_TRUE(torch::allclose(hist.to(torch::kFloat64), naive_scan(x, kDecay), 1e-4, 1e-5));
+  auto w = in.weights.clone().requires_grad_(), t = in.table.clone().requires_grad_(),
+       v = in.values.clone().requires_grad_();
+  auto out = lisa_attention(w, in.index, pad, t, v, kDecay);
+  ASSERT_TRUE(torch::isfinite(out).all().item<bool>());
+  auto want = naive(in, kDecay);
+  EXPECT_TRUE(torch::allclose(out.detach().to(torch::kFloat64), want, 1e-4, 1e-4))
+      << max_err(out.detach(), want);
+  (out * torch::randn_like(out)).sum().backward();
+  for (auto* p : {&w, &t, &v}) EXPECT_TRUE(torch::isfinite(p->grad()).all().item<bool>());
+}
+
+// Runs f, expects it to throw, and expects the message to contain `what`.
+template <class F>
+void expect_error(F f, const std::string& what) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one naming '" << what << "'";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
+TEST(LisaAttention, BadInputIsNamed) {
+  const int64_t B = 2, L = 5, C = 3, W = 4, D = 2;
+  auto in = make_inputs(B, L, C, W, D, padding({5, 2}, L), false);
+  auto call = [&](const at::Tensor& w, const at::Tensor& idx, const at::Tensor& pad, const at::Tensor& t,
+                  const at::Tensor& v, double decay) {
+    return [=] { lisa_attention(w, idx, pad, t, v, decay); };
+  };
+  expect_error(call(in.weights, in.index, in.pad, in.table, in.values, 0.0), "decay");
+  expect_error(call(in.weights, in.index, in.pad, in.table, in.values, 1.5), "decay");
+  expect_error(call(in.weights, in.index, in.pad, in.table, in.values, std::nan("")), "decay");
+  expect_error([&] { decayed_prefix_sum(in.weights, 0.0); }, "decay");
+  expect_error([&] { decayed_prefix_sum(in.weights, -0.5); }, "decay");
+  auto high = in.index.clone();
+  high[1][3][2] = W;
+  expect_error(call(in.weights, high, in.pad, in.table, in.values, 1.0), "query_index out of range");
+  auto low = in.index.clone();
+  low[0][0][0] = -1;
+  expect_error(call(in.weights, low, in.pad, in.table, in.values, 1.0), "query_index out of range");
+  expect_error(call(in.weights, in.index.narrow(1, 0, 4), in.pad, in.table, in.values, 1.0), "query_index");
+  expect_error(call(in.weights, in.index, in.pad.narrow(1, 0, 4), in.table, in.values, 1.0), "key_padding");
+  expect_error(call(in.weights, in.index, in.pad.to(torch::kLong), in.table, in.values, 1.0), "key_padding");
+  expect_error(call(in.weights, in.index, in.pad, torch::randn({C, W, W + 1}), in.values, 1.0), "table");
+  expect_error(call(in.weights, in.index, in.pad, torch::randn({C + 1, W, W}), in.values, 1.0), "table");
+  expect_error(call(in.weights, in.index, in.pad, in.table, torch::randn({C, W - 1, D}), 1.0), "values");
+  expect_error(call(in.weights, in.index, in.pad, in.table, in.values.to(torch::kFloat64), 1.0), "values");
+  expect_error(call(in.weights.select(3, 0), in.index, in.pad, in.table, in.values, 1.0), "weights");
+}
+
+}  // namespace
