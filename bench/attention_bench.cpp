@@ -1,8 +1,9 @@
 // Forward + backward time and peak memory of one attention op at one sequence length, for
 // bench/attention_scaling.sh (one process per point, so each peak is the op's own).
-//   attention_bench --op softmax|linrec|lightsans|lisa --len L [--tokens 16384] [--dim 64]
+//   attention_bench --op softmax|linrec|lightsans|lisa|model:<name> --len L [--tokens 16384] [--dim 64]
 //                   [--heads 1] [--interests 20] [--codebooks 8] [--codewords 16] [--iters 3]
-// Prints one JSON line: op, len, batch, ms (median fwd+bwd), peak_mb (resident high-water mark
+// model:<name> times a whole model (2 blocks, ML-1M's 3,416 items, every slot real): encode, a
+// softmax over the items at the last slot, backward. Prints one JSON line: op, len, batch, ms (median fwd+bwd), peak_mb (resident high-water mark
 // above the inputs' baseline).
 #include <torch/torch.h>
 
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "models/model.h"
 #include "ops/interest_attention/interest_attention.h"
 #include "ops/linear_attention/linear_attention.h"
 #include "ops/softmax_attention/softmax_attention.h"
@@ -101,6 +103,23 @@ int main(int argc, char** argv) {
       return seqrec::ops::lisa_attention(torch::softmax(logits, -1), index, pad, table, values, std::exp(-0.1));
     };
 #endif
+  } else if (op.rfind("model:", 0) == 0) {
+    seqrec::models::ModelOptions o;
+    o.model = op.substr(6);
+    o.num_items = 3416;
+    o.max_len = len;
+    o.hidden = dim;
+    o.heads = heads;
+    o.blocks = 2;
+    o.interests = interests;
+    std::shared_ptr<seqrec::models::SequenceModel> m = seqrec::models::make_model(o);
+    m->set_training(true);
+    for (auto& [name, p] : m->named_parameters()) leaves.push_back(p);
+    auto input = torch::randint(1, o.num_items + 1, {B, len}, torch::kLong);
+    run = [=] {
+      auto h = m->encode(input);
+      return torch::matmul(h.select(1, len - 1), m->item_embeddings().t()).logsumexp(-1);
+    };
   } else {
     usage("unknown --op '" + op + "'");
   }

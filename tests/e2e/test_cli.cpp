@@ -221,6 +221,19 @@ TEST_F(Cli, KillDuringCheckpointWriteKeepsThePreviousOne) {
   EXPECT_TRUE(contains(r.output, "[resume]")) << r.output;
 }
 
+// Every registered model trains, selects and tests through the same CLI path.
+TEST_F(Cli, EveryModelTrainsAndTests) {
+  for (std::string m : {"linrec --linrec_norm code", "lightsans --interests 4",
+                        "lightsans --interests 4 --lightsans_position absolute"}) {
+    const std::string run = dir("model-" + std::to_string(std::hash<std::string>{}(m)));
+    auto r = run_seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall + "--epochs 2 --model " + m, 120);
+    EXPECT_EQ(r.code, 0) << m << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "split=test")) << m << "\n" << r.output;
+    auto info = run_seqrec("info --checkpoint " + run + "/best");
+    EXPECT_TRUE(contains(info.output, "model=" + m.substr(0, m.find(' ')))) << info.output;
+  }
+}
+
 TEST_F(Cli, InvalidFlagsGetAClearErrorAndExitCode) {
   struct Case {
     std::string args, expect;
@@ -230,6 +243,10 @@ TEST_F(Cli, InvalidFlagsGetAClearErrorAndExitCode) {
       {t + "--max_len 0", "--max_len must be > 0"},
       {t + "--lr -0.1", "--lr must be > 0"},
       {t + "--model nosuch", "unknown model 'nosuch'"},
+      {t + "--model lightsans --interests 0", "interests (LightSANs k) must be > 0"},
+      {t + "--model lightsans --lightsans_position relative", "unknown lightsans_position 'relative'"},
+      {t + "--model linrec --linrec_norm l1", "unknown linrec_norm 'l1'"},
+      {t + "--ffn_activation tanh", "unknown ffn_activation 'tanh'"},
       {t + "--loss hinge", "--loss must be"},
       {t + "--no_such_flag 1", "no_such_flag"},
       {t + "--select_metric AUC", "--select_metric"},
