@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ops/interest_attention/interest_attention.h"
+#include "tests/ops/op_test_util.h"
 
 namespace {
 
@@ -40,10 +41,7 @@ at::Tensor naive_aggregation(const at::Tensor& x, const at::Tensor& a, const at:
 }
 
 at::Tensor left_padding(const std::vector<int64_t>& lengths, int64_t L) {
-  auto pad = torch::ones({static_cast<int64_t>(lengths.size()), L}, torch::kBool);
-  for (size_t b = 0; b < lengths.size(); ++b)
-    if (lengths[b] > 0) pad[b].narrow(0, L - lengths[b], lengths[b]).fill_(false);
-  return pad;
+  return seqrec::testing::padding_mask(lengths, L);
 }
 
 TEST(InterestAggregation, MatchesLoopReference) {
@@ -123,23 +121,7 @@ TEST(InterestAggregation, GradientsMatchCentralDifferences) {
   auto a = (torch::randn({2, 11, 2}, torch::kFloat64) * 3).requires_grad_();
   auto w = torch::randn({2, 11, 2, 3}, torch::kFloat64);
   auto f = [&] { return (causal_interest_aggregation(x, a, pad, 4) * w).sum(); };
-  auto grads = torch::autograd::grad({f()}, {x, a});
-  std::vector<at::Tensor> inputs = {x, a};
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    auto flat = inputs[i].detach().view(-1);
-    auto g = grads[i].reshape(-1);
-    ASSERT_TRUE(torch::isfinite(g).all().item<bool>());
-    for (int64_t j = 0; j < flat.numel(); j += 3) {
-      const double h = 1e-6, keep = flat[j].item<double>();
-      torch::NoGradGuard ng;
-      flat[j] = keep + h;
-      const double up = f().item<double>();
-      flat[j] = keep - h;
-      const double down = f().item<double>();
-      flat[j] = keep;
-      EXPECT_NEAR(g[j].item<double>(), (up - down) / (2 * h), 1e-6) << "input " << i << " index " << j;
-    }
-  }
+  seqrec::testing::expect_gradients_match_central_differences(f, {x, a});
 }
 
 TEST(InterestAggregation, BadInputIsNamed) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ops/linear_attention/linear_attention.h"
+#include "tests/ops/op_test_util.h"
 
 namespace {
 
@@ -61,10 +62,7 @@ at::Tensor naive(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
 }
 
 at::Tensor left_padding(const std::vector<int64_t>& lengths, int64_t L) {
-  auto pad = torch::ones({static_cast<int64_t>(lengths.size()), L}, torch::kBool);
-  for (size_t b = 0; b < lengths.size(); ++b)
-    if (lengths[b] > 0) pad[b].narrow(0, L - lengths[b], lengths[b]).fill_(false);
-  return pad;
+  return seqrec::testing::padding_mask(lengths, L);
 }
 
 at::Tensor real_only(const at::Tensor& out, const at::Tensor& pad) {
@@ -142,22 +140,7 @@ TEST(LinearAttention, GradientsMatchCentralDifferences) {
     auto v = torch::randn({2, 1, 9, 3}, torch::kFloat64).requires_grad_();
     auto w = torch::randn({2, 1, 9, 3}, torch::kFloat64) * pad.logical_not().view({2, 1, 9, 1});
     auto f = [&] { return (linrec_attention(q, k, v, pad, norm, LinrecForm::kCausal) * w).sum(); };
-    auto grads = torch::autograd::grad({f()}, {q, k, v});
-    std::vector<at::Tensor> inputs = {q, k, v};
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      auto flat = inputs[i].detach().view(-1);
-      auto g = grads[i].reshape(-1);
-      for (int64_t j = 0; j < flat.numel(); j += 5) {
-        const double h = 1e-6, keep = flat[j].item<double>();
-        torch::NoGradGuard ng;
-        flat[j] = keep + h;
-        const double up = f().item<double>();
-        flat[j] = keep - h;
-        const double down = f().item<double>();
-        flat[j] = keep;
-        EXPECT_NEAR(g[j].item<double>(), (up - down) / (2 * h), 1e-6) << "input " << i << " index " << j;
-      }
-    }
+    seqrec::testing::expect_gradients_match_central_differences(f, {q, k, v}, 5);
   }
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ops/lisa_attention/lisa_attention.h"
+#include "tests/ops/op_test_util.h"
 
 namespace {
 
@@ -19,12 +20,8 @@ using seqrec::ops::lisa_attention;
 
 const double kDecay = std::exp(-0.1);
 
-// true at padded slots: the first L - len slots (left) or the last ones (right).
 at::Tensor padding(const std::vector<int64_t>& lengths, int64_t L, bool left = true) {
-  auto pad = torch::ones({static_cast<int64_t>(lengths.size()), L}, torch::kBool);
-  for (size_t b = 0; b < lengths.size(); ++b)
-    if (lengths[b] > 0) pad[b].narrow(0, left ? L - lengths[b] : 0, lengths[b]).fill_(false);
-  return pad;
+  return seqrec::testing::padding_mask(lengths, L, left);
 }
 
 struct Inputs {
@@ -272,22 +269,7 @@ TEST(LisaAttention, GradientsMatchCentralDifferences) {
   auto w = in.weights.clone().requires_grad_(), t = in.table.clone().requires_grad_(),
        v = in.values.clone().requires_grad_();
   auto f = [&] { return (lisa_attention(w, in.index, pad, t, v, kDecay) * g).sum(); };
-  auto grads = torch::autograd::grad({f()}, {w, t, v});
-  std::vector<at::Tensor> inputs = {w, t, v};
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    auto flat = inputs[k].detach().view(-1);
-    auto gk = grads[k].reshape(-1);
-    for (int64_t j = 0; j < flat.numel(); j += 3) {
-      const double h = 1e-6, keep = flat[j].item<double>();
-      torch::NoGradGuard ng;
-      flat[j] = keep + h;
-      const double up = f().item<double>();
-      flat[j] = keep - h;
-      const double down = f().item<double>();
-      flat[j] = keep;
-      EXPECT_NEAR(gk[j].item<double>(), (up - down) / (2 * h), 1e-6) << "input " << k << " index " << j;
-    }
-  }
+  seqrec::testing::expect_gradients_match_central_differences(f, {w, t, v});
 }
 
 TEST(LisaAttention, LongSequencesStayFinite) {

@@ -1,0 +1,44 @@
+#pragma once
+// Helpers shared by the op tests: padding masks and a gradient check against central
+// differences (double inputs, scalar objective).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <vector>
+
+namespace seqrec::testing {
+
+// [B, L] bool, true at padded slots: the first L - len slots of each row (left padding) or the
+// last ones (right padding).
+inline at::Tensor padding_mask(const std::vector<int64_t>& lengths, int64_t L, bool left = true) {
+  auto pad = torch::ones({static_cast<int64_t>(lengths.size()), L}, torch::kBool);
+  for (size_t b = 0; b < lengths.size(); ++b)
+    if (lengths[b] > 0) pad[b].narrow(0, left ? L - lengths[b] : 0, lengths[b]).fill_(false);
+  return pad;
+}
+
+// Autograd's gradient of f() w.r.t. each input (double, requires_grad) against central
+// differences at every `stride`-th element.
+inline void expect_gradients_match_central_differences(const std::function<at::Tensor()>& f,
+                                                       const std::vector<at::Tensor>& inputs,
+                                                       int64_t stride = 3, double tol = 1e-6) {
+  auto grads = torch::autograd::grad({f()}, inputs);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto flat = inputs[i].detach().view(-1);
+    auto g = grads[i].reshape(-1);
+    ASSERT_TRUE(torch::isfinite(g).all().item<bool>()) << "input " << i;
+    for (int64_t j = 0; j < flat.numel(); j += stride) {
+      const double h = 1e-6, keep = flat[j].item<double>();
+      torch::NoGradGuard no_grad;
+      flat[j] = keep + h;
+      const double up = f().item<double>();
+      flat[j] = keep - h;
+      const double down = f().item<double>();
+      flat[j] = keep;
+      EXPECT_NEAR(g[j].item<double>(), (up - down) / (2 * h), tol) << "input " << i << " index " << j;
+    }
+  }
+}
+
+}  // namespace seqrec::testing
