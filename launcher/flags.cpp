@@ -32,7 +32,7 @@ DEFINE_int64(events, 50000, "synth: number of events in total");
 DEFINE_int32(clusters, 0, "synth: item clusters with Markov transitions; 0 = sqrt(items)");
 // train / eval
 DEFINE_string(data, "", "dataset directory made by 'seqrec prepare' or 'seqrec synth'");
-DEFINE_string(model, "sasrec", "model: sasrec | lightsans | linrec");
+DEFINE_string(model, "sasrec", "model: sasrec | lisa | lightsans | linrec");
 DEFINE_int64(max_len, 200, "most recent items kept per sequence");
 DEFINE_int64(hidden, 50, "hidden size d");
 DEFINE_int64(blocks, 2, "attention blocks");
@@ -45,6 +45,16 @@ DEFINE_int64(interests, 20, "lightsans: latent interests k per layer");
 DEFINE_string(lightsans_position, "decoupled",
               "lightsans: decoupled (position branch inside attention) | absolute (LightSANs-ape)");
 DEFINE_string(linrec_norm, "paper", "linrec: paper (row-wise q, column-wise k) | code (per-token q and k)");
+DEFINE_string(lisa_variant, "base", "lisa: base | soft | mini");
+DEFINE_int64(codebooks, 8, "lisa: codebooks B encoding the sequence");
+DEFINE_int64(codewords, 128, "lisa: codewords W per codebook");
+DEFINE_int64(target_codebooks, 8, "lisa mini: codebooks of the separate target quantizer");
+DEFINE_int64(target_codewords, 128, "lisa mini: codewords per target codebook");
+DEFINE_double(lisa_temperature, 0.7, "lisa: softmax temperature of the codeword assignment");
+DEFINE_double(lisa_decay, 0.1, "lisa: histogram decay rate, gamma = exp(-rate); 0 = plain counts");
+DEFINE_double(lisa_commitment, 0.0, "lisa: inputs-optimize weight (||e - sg(x_hat)||^2 per item)");
+DEFINE_string(codebook_update, "grad", "lisa: grad (back-propagation) | ema (moving averages, all-reduced)");
+DEFINE_double(ema_decay, 0.99, "lisa: EMA decay of the codebook statistics");
 DEFINE_string(loss, "bce", "bce (one sampled negative per position) | ce (softmax over all items)");
 DEFINE_double(lr, 1e-3, "Adam learning rate");
 DEFINE_double(beta1, 0.9, "Adam beta1");
@@ -99,7 +109,9 @@ const std::map<std::string, Subcommand>& subcommands() {
       {"train",
        {"train a model (data parallel under mpirun), validate, checkpoint, test the selected model",
         {"data", "out", "model", "max_len", "hidden", "blocks", "heads", "dropout", "norm_first", "ffn_inner",
-         "ffn_activation", "interests", "lightsans_position", "linrec_norm", "loss", "lr",
+         "ffn_activation", "interests", "lightsans_position", "linrec_norm", "lisa_variant", "codebooks", "codewords",
+         "target_codebooks", "target_codewords", "lisa_temperature", "lisa_decay", "lisa_commitment",
+         "codebook_update", "ema_decay", "loss", "lr",
          "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm", "warmup_steps", "epochs", "batch_size", "eval_every",
          "patience", "select_metric", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",
          "full_ranking", "eval_batch", "resume", "checkpoint_every", "keep_checkpoints", "max_steps",

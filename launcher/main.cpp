@@ -164,6 +164,16 @@ models::ModelOptions model_options_from_flags() {
   m.interests = FLAGS_interests;
   m.lightsans_position = FLAGS_lightsans_position;
   m.linrec_norm = FLAGS_linrec_norm;
+  m.lisa_variant = FLAGS_lisa_variant;
+  m.codebooks = FLAGS_codebooks;
+  m.codewords = FLAGS_codewords;
+  m.target_codebooks = FLAGS_target_codebooks;
+  m.target_codewords = FLAGS_target_codewords;
+  m.lisa_temperature = FLAGS_lisa_temperature;
+  m.lisa_decay = FLAGS_lisa_decay;
+  m.lisa_commitment = FLAGS_lisa_commitment;
+  m.codebook_update = FLAGS_codebook_update;
+  m.ema_decay = FLAGS_ema_decay;
   m.init_seed = FLAGS_seed;
   m.num_items = 1;  // replaced by the dataset's count; validated here for the other fields
   try {
@@ -273,6 +283,10 @@ int cmd_info(const std::vector<std::string>& positional) {
   if (bundle.meta.count("model_signature")) {
     std::printf("model:\n");
     for (auto& line : split_list(bundle.value("model_signature"), '\n')) std::printf("  %s\n", line.c_str());
+    const auto mo = models::parse_model_signature(bundle.value("model_signature"));
+    if (const double ratio = models::compression_ratio(mo); ratio > 0)
+      std::printf("  compression: item table %.2fx smaller as codeword indices + codebooks "
+                  "(4ND / sum over codebook sets of N B log2(W)/8 + 4BWD)\n", ratio);
   }
   int64_t n = 0, bytes = 0;
   for (auto& [name, t] : bundle.tensors)

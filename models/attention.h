@@ -11,6 +11,8 @@ struct AttentionContext {
   at::Tensor bias;         // optional precomputed causal/padding mask (softmax attention)
   at::Tensor positions;    // [L, D] the position-embedding rows of this length (right-aligned),
                            // for variants that encode positions inside attention (LightSANs)
+  at::Tensor code_weights; // [B, L, C, W] codeword assignment weights of the input items (LISA)
+  at::Tensor code_index;   // [B, L, C] their hard codeword indices (LISA)
 };
 
 class AttentionModuleImpl : public torch::nn::Module {
@@ -27,6 +29,23 @@ class AttentionModuleImpl : public torch::nn::Module {
   // Modules with EMA statistics expose them here so dist can all-reduce them before
   // the update (none for softmax attention).
   virtual std::vector<at::Tensor> ema_statistics() { return {}; }
+};
+
+// Optional front end of the backbone: turns the scaled item embeddings of the input into the
+// residual stream (before positions and dropout), may leave per-item state in the context, and
+// gives the table that hidden states are scored against (LISA's codebook quantizers).
+class InputCoderImpl : public torch::nn::Module {
+ public:
+  // scaled [B, L, D] = item_emb(ids)·sqrt(D); ids [B, L] (0 = padding).
+  virtual at::Tensor encode_input(const at::Tensor& scaled, const at::Tensor& ids, AttentionContext& ctx) = 0;
+  // [num_items + 1, D] from the raw item table.
+  virtual at::Tensor targets(const at::Tensor& item_table) = 0;
+  virtual void initialise(at::Generator& gen) { (void)gen; }
+  // Sums to be all-reduced across ranks, then apply_statistics() (EMA codebooks).
+  virtual std::vector<at::Tensor> pending_statistics() { return {}; }
+  virtual void apply_statistics() {}
+  // Loss terms accumulated by training forwards since the last call (summed over items).
+  virtual at::Tensor take_auxiliary_loss() { return {}; }
 };
 
 }  // namespace seqrec::models

@@ -31,9 +31,10 @@ TORCH_MODULE(FeedForward);
 
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(const ModelOptions& o, std::shared_ptr<AttentionModuleImpl> attention) : norm_first_(o.norm_first) {
+  BlockImpl(const ModelOptions& o, std::shared_ptr<AttentionModuleImpl> attention, bool attention_reads_input)
+      : norm_first_(o.norm_first) {
     auto ln = [&] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.hidden}).eps(o.layer_norm_eps)); };
-    attn_ln_ = register_module("attn_ln", ln());
+    if (!norm_first_ || attention_reads_input) attn_ln_ = register_module("attn_ln", ln());
     ffn_ln_ = register_module("ffn_ln", ln());
     attn_ = register_module("attn", std::move(attention));
     ffn_ = register_module("ffn", FeedForward(o));
@@ -41,7 +42,7 @@ class BlockImpl : public torch::nn::Module {
 
   at::Tensor forward(at::Tensor x, AttentionContext& ctx) {
     if (norm_first_) {
-      x = x + attn_->forward(attn_ln_(x), ctx);
+      x = x + attn_->forward(attn_ln_ ? attn_ln_(x) : x, ctx);
       return x + ffn_(ffn_ln_(x));
     }
     x = attn_ln_(x + attn_->forward(x, ctx));
@@ -52,7 +53,7 @@ class BlockImpl : public torch::nn::Module {
   at::Tensor forward_last(const at::Tensor& x, AttentionContext& ctx) {
     auto last = x.select(1, x.size(1) - 1);
     if (norm_first_) {
-      last = last + attn_->forward_last(attn_ln_(x), ctx);
+      last = last + attn_->forward_last(attn_ln_ ? attn_ln_(x) : x, ctx);
       return last + ffn_(ffn_ln_(last));
     }
     last = attn_ln_(last + attn_->forward_last(x, ctx));
@@ -76,9 +77,10 @@ class TransformerRecImpl : public torch::nn::Module {
     items_ = register_module("item_emb", torch::nn::Embedding(o.num_items + 1, o.hidden));
     positions_ = register_module("pos_emb", torch::nn::Embedding(o.max_len, o.hidden));
     for (int64_t i = 0; i < o.blocks; ++i)
-      blocks_.push_back(register_module("block" + std::to_string(i), Block(o, spec.attention(i))));
+      blocks_.push_back(register_module("block" + std::to_string(i), Block(o, spec.attention(i), spec.attention_reads_input)));
     final_ln_ = register_module(
         "final_ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.hidden}).eps(o.layer_norm_eps)));
+    if (spec.input_coder) coder_ = register_module("codes", spec.input_coder);
   }
 
   at::Tensor encode(const at::Tensor& input) {
@@ -101,8 +103,10 @@ class TransformerRecImpl : public torch::nn::Module {
     return final_ln_(last) * keep_last;
   }
 
-  at::Tensor item_embeddings() { return items_->weight; }
+  at::Tensor item_embeddings() { return coder_ ? coder_->targets(items_->weight) : items_->weight; }
+  at::Tensor raw_item_table() { return items_->weight; }
   std::vector<Block>& blocks() { return blocks_; }
+  InputCoderImpl* coder() { return coder_.get(); }
 
  private:
   at::Tensor embed(const at::Tensor& input, AttentionContext& ctx, at::Tensor& keep) {
@@ -116,6 +120,7 @@ class TransformerRecImpl : public torch::nn::Module {
     // position whatever the padding (sequences are left-padded).
     ctx.positions = positions_(torch::arange(o_.max_len - L, o_.max_len, input.options()));
     auto x = items_(input) * std::sqrt(static_cast<double>(o_.hidden));
+    if (coder_) x = coder_->encode_input(x, input, ctx);
     if (positions_at_input_) x = x + ctx.positions.unsqueeze(0);
     return ops::dropout(x, o_.dropout, is_training()) * keep;
   }
@@ -125,6 +130,7 @@ class TransformerRecImpl : public torch::nn::Module {
   torch::nn::Embedding items_{nullptr}, positions_{nullptr};
   std::vector<Block> blocks_;
   torch::nn::LayerNorm final_ln_{nullptr};
+  std::shared_ptr<InputCoderImpl> coder_;
 };
 
 // Xavier-normal for every matrix, zero biases, LayerNorm (1, 0), then each attention module's
@@ -147,7 +153,8 @@ void initialise(TransformerRecImpl& m, uint64_t seed) {
     }
   }
   for (auto& b : m.blocks()) b->attention().initialise(gen);
-  m.item_embeddings()[0].zero_();
+  if (m.coder()) m.coder()->initialise(gen);
+  m.raw_item_table()[0].zero_();
 }
 
 class BackboneModel : public SequenceModel {
@@ -170,6 +177,15 @@ class BackboneModel : public SequenceModel {
     return out;
   }
   void set_training(bool on) override { net_->train(on); }
+  std::vector<at::Tensor> pending_statistics() override {
+    return net_->coder() ? net_->coder()->pending_statistics() : std::vector<at::Tensor>{};
+  }
+  void apply_statistics() override {
+    if (net_->coder()) net_->coder()->apply_statistics();
+  }
+  at::Tensor take_auxiliary_loss() override {
+    return net_->coder() ? net_->coder()->take_auxiliary_loss() : at::Tensor();
+  }
   const ModelOptions& options() const override { return o_; }
 
  private:

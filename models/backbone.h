@@ -17,6 +17,10 @@ using AttentionFactory = std::function<std::shared_ptr<AttentionModuleImpl>(int6
 struct BackboneSpec {
   AttentionFactory attention;
   bool positions_at_input = true;  // false: positions reach attention through ctx.positions only
+  std::shared_ptr<InputCoderImpl> input_coder;  // optional (LISA's quantizers)
+  // false: the attention ignores its input (LISA attends the input items' codes from the
+  // context), so pre-LN blocks have no LayerNorm in front of it.
+  bool attention_reads_input = true;
 };
 
 std::unique_ptr<SequenceModel> make_backbone_model(const ModelOptions& options, BackboneSpec spec);
@@ -25,5 +29,6 @@ std::unique_ptr<SequenceModel> make_backbone_model(const ModelOptions& options, 
 std::unique_ptr<SequenceModel> make_sasrec(const ModelOptions& options);
 std::unique_ptr<SequenceModel> make_linrec(const ModelOptions& options);
 std::unique_ptr<SequenceModel> make_lightsans(const ModelOptions& options);
+std::unique_ptr<SequenceModel> make_lisa(const ModelOptions& options);
 
 }  // namespace seqrec::models

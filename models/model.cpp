@@ -1,6 +1,7 @@
 // The model registry, option validation and model signatures.
 #include "models/model.h"
 
+#include <cmath>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -16,7 +17,7 @@ struct Entry {
 };
 const std::vector<Entry>& registry() {
   static const std::vector<Entry> table = {
-      {"sasrec", make_sasrec}, {"lightsans", make_lightsans}, {"linrec", make_linrec}};
+      {"sasrec", make_sasrec}, {"lisa", make_lisa}, {"lightsans", make_lightsans}, {"linrec", make_linrec}};
   return table;
 }
 
@@ -66,6 +67,22 @@ void validate(const ModelOptions& o) {
     if (o.lightsans_position != "decoupled" && o.lightsans_position != "absolute")
       fail("unknown lightsans_position '" + o.lightsans_position + "' (known: decoupled, absolute)");
   }
+  if (o.model == "lisa") {
+    if (o.lisa_variant != "base" && o.lisa_variant != "soft" && o.lisa_variant != "mini")
+      fail("unknown lisa_variant '" + o.lisa_variant + "' (known: base, soft, mini)");
+    if (o.codebooks <= 0) fail("codebooks (LISA B) must be > 0, got " + std::to_string(o.codebooks));
+    if (o.codewords <= 0) fail("codewords (LISA W) must be > 0, got " + std::to_string(o.codewords));
+    if (o.lisa_variant == "mini" && o.target_codebooks <= 0)
+      fail("target_codebooks must be > 0, got " + std::to_string(o.target_codebooks));
+    if (o.lisa_variant == "mini" && o.target_codewords <= 0)
+      fail("target_codewords must be > 0, got " + std::to_string(o.target_codewords));
+    if (!(o.lisa_temperature > 0)) fail("lisa_temperature must be > 0, got " + std::to_string(o.lisa_temperature));
+    if (!(o.lisa_decay >= 0)) fail("lisa_decay must be >= 0, got " + std::to_string(o.lisa_decay));
+    if (!(o.lisa_commitment >= 0)) fail("lisa_commitment must be >= 0, got " + std::to_string(o.lisa_commitment));
+    if (o.codebook_update != "grad" && o.codebook_update != "ema")
+      fail("unknown codebook_update '" + o.codebook_update + "' (known: grad, ema)");
+    if (!(o.ema_decay > 0 && o.ema_decay < 1)) fail("ema_decay must be in (0, 1), got " + std::to_string(o.ema_decay));
+  }
   if (o.model == "linrec" && o.linrec_norm != "paper" && o.linrec_norm != "code")
     fail("unknown linrec_norm '" + o.linrec_norm + "' (known: paper, code)");
 }
@@ -81,6 +98,14 @@ std::string model_signature(const ModelOptions& o) {
   if (o.model == "lightsans")
     s << "interests=" << o.interests << "\nlightsans_position=" << o.lightsans_position << "\n";
   if (o.model == "linrec") s << "linrec_norm=" << o.linrec_norm << "\n";
+  if (o.model == "lisa") {
+    s << "lisa_variant=" << o.lisa_variant << "\ncodebooks=" << o.codebooks << "\ncodewords=" << o.codewords
+      << "\nlisa_temperature=" << o.lisa_temperature << "\nlisa_decay=" << o.lisa_decay
+      << "\nlisa_commitment=" << o.lisa_commitment << "\ncodebook_update=" << o.codebook_update << "\n";
+    if (o.codebook_update == "ema") s << "ema_decay=" << o.ema_decay << "\n";
+    if (o.lisa_variant == "mini")
+      s << "target_codebooks=" << o.target_codebooks << "\ntarget_codewords=" << o.target_codewords << "\n";
+  }
   return s.str();
 }
 
@@ -102,6 +127,16 @@ ModelOptions parse_model_signature(const std::string& text) {
       else if (k == "interests") o.interests = std::stoll(v);
       else if (k == "lightsans_position") o.lightsans_position = v;
       else if (k == "linrec_norm") o.linrec_norm = v;
+      else if (k == "lisa_variant") o.lisa_variant = v;
+      else if (k == "codebooks") o.codebooks = std::stoll(v);
+      else if (k == "codewords") o.codewords = std::stoll(v);
+      else if (k == "target_codebooks") o.target_codebooks = std::stoll(v);
+      else if (k == "target_codewords") o.target_codewords = std::stoll(v);
+      else if (k == "lisa_temperature") o.lisa_temperature = std::stod(v);
+      else if (k == "lisa_decay") o.lisa_decay = std::stod(v);
+      else if (k == "lisa_commitment") o.lisa_commitment = std::stod(v);
+      else if (k == "codebook_update") o.codebook_update = v;
+      else if (k == "ema_decay") o.ema_decay = std::stod(v);
       else throw std::invalid_argument("unknown key");
     } catch (const std::exception& e) {
       throw std::invalid_argument("model signature: bad entry '" + k + "=" + v + "'");
@@ -122,6 +157,15 @@ std::string signature_difference(const std::string& a, const std::string& b) {
   for (auto& [k, v] : fb)
     if (!fa.count(k)) diff += k + ": (absent) vs " + v + "\n";
   return diff;
+}
+
+double compression_ratio(const ModelOptions& o) {
+  if (o.model != "lisa" || o.lisa_variant == "soft") return 0.0;
+  const double N = static_cast<double>(o.num_items), D = static_cast<double>(o.hidden);
+  auto set_bytes = [&](double books, double words) { return N * books * std::log2(words) / 8.0 + 4.0 * books * words * D; };
+  double bytes = set_bytes(o.codebooks, o.codewords);
+  if (o.lisa_variant == "mini") bytes += set_bytes(o.target_codebooks, o.target_codewords);
+  return 4.0 * N * D / bytes;
 }
 
 std::unique_ptr<SequenceModel> make_model(const ModelOptions& o) {

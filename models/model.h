@@ -30,6 +30,17 @@ struct ModelOptions {
   std::string lightsans_position = "decoupled";  // decoupled | absolute (LightSANs-ape)
   // linrec
   std::string linrec_norm = "paper";           // paper | code (see ops/linear_attention)
+  // lisa
+  std::string lisa_variant = "base";  // base | soft | mini
+  int64_t codebooks = 8;              // B codebooks encoding the sequence
+  int64_t codewords = 128;            // W codewords per codebook
+  int64_t target_codebooks = 8;       // mini: the separate target codebooks
+  int64_t target_codewords = 128;
+  double lisa_temperature = 0.7;      // softmax temperature of the codeword assignment
+  double lisa_decay = 0.1;            // histogram decay rate: gamma = exp(-lisa_decay); 0 = counts
+  double lisa_commitment = 0.0;       // "inputs-optimize" weight: ||e - sg(x_hat)||^2 per item
+  std::string codebook_update = "grad";  // grad (back-propagation) | ema (moving averages)
+  double ema_decay = 0.99;
 };
 
 // Model-affecting options as "key=value" lines (a variant's own keys only for that variant);
@@ -61,8 +72,21 @@ class SequenceModel {
   // State that is not trained by gradient but must be checkpointed (EMA statistics, ...).
   virtual NamedTensors named_buffers() = 0;
   virtual void set_training(bool on) = 0;
+  // Statistics that must be summed across ranks before apply_statistics() updates the model
+  // (LISA's EMA codebooks); fixed shapes, so every rank takes part even without a forward.
+  virtual std::vector<at::Tensor> pending_statistics() { return {}; }
+  virtual void apply_statistics() {}
+  // Extra loss accumulated by the training forwards since the last call (a sum over items, to be
+  // normalised like the main loss); undefined when the model has none.
+  virtual at::Tensor take_auxiliary_loss() { return {}; }
   virtual const ModelOptions& options() const = 0;
 };
+
+// LISA's item-table compression (the paper's Table 2): the float32 table, 4·N·D bytes, against
+// codeword indices N·B·log2(W)/8 plus codebooks 4·B·W·D for every codebook set that encodes
+// items (Base: one; Mini: the target set and the sequence set). 0 when the model does not
+// compress its table (every other model, and LISA-Soft, which scores raw embeddings).
+double compression_ratio(const ModelOptions& options);
 
 // Throws std::invalid_argument for an unknown model name (listing the known ones).
 std::unique_ptr<SequenceModel> make_model(const ModelOptions& options);

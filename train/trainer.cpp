@@ -144,6 +144,9 @@ at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b,
     auto part = rows_loss_sum(model, slice(b.input), slice(b.pos), slice(b.neg), kind);
     total = total.defined() ? total + part : part;
   }
+  // Model-side terms (LISA's inputs-optimize loss), summed over the same items.
+  auto aux = model.take_auxiliary_loss();
+  if (aux.defined() && total.defined()) total = total + aux;
   return total;
 }
 
@@ -405,6 +408,12 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
     if (o.clip_norm > 0) clip_grad_norm(params, o.clip_norm);
     adam.step(lr_at(o, p.step));
     adam.zero_grad();
+    // Statistics-driven updates (EMA codebooks): every rank's sums, all-reduced, then applied
+    // identically everywhere, so N ranks x batch b update as 1 rank x batch N·b.
+    if (auto stats = model->pending_statistics(); !stats.empty()) {
+      if (world > 1) dist::all_reduce_sum_(comm, stats);
+      model->apply_statistics();
+    }
     ++p.step;
     p.train_seconds += seconds_since(t_step);
     loss_acc += local_loss;

@@ -1,0 +1,254 @@
+// LISA (Wu et al., WWW'21): linear-time self-attention over codeword histograms. Item embeddings
+// (scaled by sqrt(D)) are quantized by B codebooks of W codewords with residual encoding,
+// bilinear similarity and a temperature softmax (straight-through hard codes for Base and Mini,
+// soft weights for Soft); attention of each item's codeword over the decayed causal histogram of
+// the sequence's codewords, per codebook, through projected codebook tables
+// (ops/lisa_attention). Targets: Base quantizes them with the same codebooks, Soft scores raw
+// embeddings, Mini quantizes them with a separate, larger codebook set.
+//
+// Codebooks learn by back-propagation (the paper's rule) or, with --codebook_update ema, by
+// exponential moving averages of per-codeword assignment counts and assigned-residual sums
+// (Laplace-smoothed, dead codewords restarted by splitting the busiest one). The sums of each
+// step are exposed through pending_statistics() so the trainer all-reduces them before
+// apply_statistics(): N ranks with batch b update exactly as one rank with batch N·b.
+#include <cmath>
+
+#include "models/backbone.h"
+#include "ops/lisa_attention/lisa_attention.h"
+
+namespace seqrec::models {
+namespace {
+
+struct Codes {
+  at::Tensor recon;    // [N, D] sum of the chosen (or, for soft, weighted) codewords
+  at::Tensor weights;  // [N, C, W] assignment weights (straight-through one-hot, or soft)
+  at::Tensor index;    // [N, C] hard codeword per codebook
+};
+
+class QuantizerImpl : public torch::nn::Module {
+ public:
+  QuantizerImpl(int64_t dim, int64_t books, int64_t words, double temperature, bool soft, bool ema,
+                double ema_decay)
+      : books_(books), words_(words), temperature_(temperature), soft_(soft), ema_(ema), ema_decay_(ema_decay) {
+    bilinear_ = register_parameter("bilinear", torch::empty({dim, dim}));
+    if (ema_) {
+      codebooks_ = register_buffer("codebooks", torch::empty({books, words, dim}));
+      ema_count_ = register_buffer("ema_count", torch::ones({books, words}));
+      ema_sum_ = register_buffer("ema_sum", torch::zeros({books, words, dim}));
+      ema_updates_ = register_buffer("ema_updates", torch::zeros({1}, torch::kFloat64));
+      pending_count_ = torch::zeros({books, words});
+      pending_sum_ = torch::zeros({books, words, dim});
+    } else {
+      codebooks_ = register_parameter("codebooks", torch::empty({books, words, dim}));
+    }
+  }
+
+  // Xavier-normal with the 3-D fan rule of the released code (fan_in = W·D, fan_out = B·D).
+  void initialise(at::Generator& gen) {
+    torch::NoGradGuard no_grad;
+    const double D = codebooks_.size(2);
+    const double std = std::sqrt(2.0 / (words_ * D + books_ * D));
+    codebooks_.copy_(at::normal(0.0, std, codebooks_.sizes(), gen, codebooks_.options()));
+    bilinear_.copy_(at::normal(0.0, std::sqrt(1.0 / D), bilinear_.sizes(), gen, bilinear_.options()));
+    if (ema_) ema_sum_.copy_(codebooks_);  // a count of 1 per codeword at its initial position
+  }
+
+  const at::Tensor& codebooks() const { return codebooks_; }
+  int64_t books() const { return books_; }
+  int64_t words() const { return words_; }
+
+  // e [N, D]; real [N] bool marks rows that count for the EMA statistics.
+  Codes encode(const at::Tensor& e, const at::Tensor& real, bool collect) {
+    const int64_t N = e.size(0);
+    auto r = e;
+    std::vector<at::Tensor> recon_parts, weights, index;
+    at::Tensor recon = torch::zeros_like(e);
+    for (int64_t b = 0; b < books_; ++b) {
+      auto book = codebooks_[b];                                        // [W, D]
+      auto logits = torch::matmul(torch::matmul(r, bilinear_), book.t()) / temperature_;
+      auto p = torch::softmax(logits, -1);
+      auto idx = std::get<1>(logits.detach().max(-1));                  // first maximum on ties
+      auto hard = torch::zeros_like(p).scatter_(1, idx.unsqueeze(1), 1.0);
+      at::Tensor w, q;
+      if (soft_) {
+        w = p;
+        q = torch::matmul(p, book);
+      } else {
+        w = is_training() ? p + (hard - p).detach() : hard;
+        q = is_training() ? torch::matmul(w, book) : book.index_select(0, idx);
+      }
+      if (collect && ema_ && is_training()) {
+        torch::NoGradGuard no_grad;
+        auto h = hard * real.unsqueeze(1).to(hard.scalar_type());
+        pending_count_[b] += h.sum(0);
+        pending_sum_[b] += torch::matmul(h.t(), r.detach());
+      }
+      recon = recon + q;
+      r = r - q;
+      weights.push_back(w);
+      index.push_back(idx);
+    }
+    (void)N;
+    return {recon, torch::stack(weights, 1), torch::stack(index, 1)};
+  }
+
+  std::vector<at::Tensor> pending() { return ema_ ? std::vector<at::Tensor>{pending_count_, pending_sum_} : std::vector<at::Tensor>{}; }
+
+  // One EMA update from the (already all-reduced) pending sums, then clear them.
+  void apply() {
+    if (!ema_) return;
+    torch::NoGradGuard no_grad;
+    const double a = ema_decay_, eps = 1e-5;
+    ema_count_.mul_(a).add_(pending_count_, 1 - a);
+    ema_sum_.mul_(a).add_(pending_sum_, 1 - a);
+    pending_count_.zero_();
+    pending_sum_.zero_();
+    ema_updates_.add_(1);
+    // Dead codewords (an expected count below 1e-3) restart as a copy of the busiest codeword
+    // of their codebook, nudged apart, and take half its statistics: a deterministic split, so
+    // every rank makes the same choice from the same all-reduced statistics.
+    auto dead = ema_count_ < 1e-3;
+    if (dead.any().item<bool>()) {
+      for (int64_t b = 0; b < books_; ++b) {
+        auto dead_b = dead[b].nonzero().view(-1);
+        for (int64_t i = 0; i < dead_b.numel(); ++i) {
+          const int64_t w = dead_b[i].item<int64_t>();
+          const int64_t top = ema_count_[b].argmax().item<int64_t>();
+          ema_count_[b][top].mul_(0.5);
+          ema_sum_[b][top].mul_(0.5);
+          ema_count_[b][w].copy_(ema_count_[b][top]);
+          const double sign = (w % 2 == 0) ? 1.0 : -1.0;
+          ema_sum_[b][w].copy_(ema_sum_[b][top] * (1.0 + sign * 1e-2));
+        }
+      }
+    }
+    auto total = ema_count_.sum(-1, true);
+    auto smoothed = (ema_count_ + eps) / (total + words_ * eps) * total;  // Laplace
+    codebooks_.copy_(ema_sum_ / smoothed.unsqueeze(-1));
+  }
+
+ private:
+  int64_t books_, words_;
+  double temperature_;
+  bool soft_, ema_;
+  double ema_decay_;
+  at::Tensor bilinear_, codebooks_, ema_count_, ema_sum_, ema_updates_, pending_count_, pending_sum_;
+};
+
+class LisaCoderImpl : public InputCoderImpl {
+ public:
+  explicit LisaCoderImpl(const ModelOptions& o) : o_(o) {
+    const bool soft = o.lisa_variant == "soft", ema = o.codebook_update == "ema";
+    sequence_ = register_module("sequence_pq", std::make_shared<QuantizerImpl>(
+                                                   o.hidden, o.codebooks, o.codewords, o.lisa_temperature,
+                                                   soft, ema, o.ema_decay));
+    if (o.lisa_variant == "mini")
+      target_ = register_module("target_pq", std::make_shared<QuantizerImpl>(
+                                                 o.hidden, o.target_codebooks, o.target_codewords,
+                                                 o.lisa_temperature, false, ema, o.ema_decay));
+  }
+
+  void initialise(at::Generator& gen) override {
+    sequence_->initialise(gen);
+    if (target_) target_->initialise(gen);
+  }
+
+  at::Tensor encode_input(const at::Tensor& scaled, const at::Tensor& ids, AttentionContext& ctx) override {
+    const int64_t B = ids.size(0), L = ids.size(1), D = scaled.size(2);
+    auto flat = scaled.reshape({B * L, D});
+    auto real = ids.ne(0).reshape(-1);
+    auto codes = sequence_->encode(flat, real, /*collect=*/true);
+    // Mini's target codebooks see the batch's items too, for their EMA statistics.
+    if (target_ && is_training() && o_.codebook_update == "ema") {
+      torch::NoGradGuard no_grad;
+      target_->encode(flat.detach(), real, /*collect=*/true);
+    }
+    ctx.code_weights = codes.weights.reshape({B, L, sequence_->books(), sequence_->words()});
+    ctx.code_index = codes.index.reshape({B, L, sequence_->books()});
+    if (o_.lisa_commitment > 0 && is_training()) {
+      auto diff = (flat - codes.recon.detach()).pow(2).sum(-1) * real.to(flat.scalar_type());
+      auto term = diff.sum() * o_.lisa_commitment;
+      aux_ = aux_.defined() ? aux_ + term : term;
+    }
+    return codes.recon.reshape({B, L, D});
+  }
+
+  at::Tensor targets(const at::Tensor& table) override {
+    auto scaled = table * std::sqrt(static_cast<double>(o_.hidden));
+    if (o_.lisa_variant == "soft") return scaled;
+    auto none = torch::zeros({table.size(0)}, table.options().dtype(at::kBool));
+    return (target_ ? target_ : sequence_)->encode(scaled, none, /*collect=*/false).recon;
+  }
+
+  std::vector<at::Tensor> pending_statistics() override {
+    auto s = sequence_->pending();
+    if (target_)
+      for (auto& t : target_->pending()) s.push_back(t);
+    return s;
+  }
+  void apply_statistics() override {
+    sequence_->apply();
+    if (target_) target_->apply();
+  }
+  at::Tensor take_auxiliary_loss() override {
+    auto a = aux_;
+    aux_ = at::Tensor();
+    return a;
+  }
+
+  QuantizerImpl* sequence() { return sequence_.get(); }
+
+ private:
+  ModelOptions o_;
+  std::shared_ptr<QuantizerImpl> sequence_, target_;
+  at::Tensor aux_;
+};
+
+// Per codebook b: table T_b = (C_b P^Q_b)(C_b P^K_b)ᵀ / sqrt(D) and values C_b P^V_b, recomputed
+// every forward (differentiable); the attention reads the input items' codes from the context.
+class LisaAttentionImpl : public AttentionModuleImpl {
+ public:
+  LisaAttentionImpl(const ModelOptions& o, QuantizerImpl* codebooks)
+      : dim_(o.hidden), gamma_(std::exp(-o.lisa_decay)), codebooks_(codebooks) {
+    const int64_t C = codebooks->books(), D = o.hidden;
+    pq_ = register_parameter("proj_q", torch::empty({C, D, D}));
+    pk_ = register_parameter("proj_k", torch::empty({C, D, D}));
+    pv_ = register_parameter("proj_v", torch::empty({C, D, D}));
+  }
+
+  // Xavier-uniform with the 3-D fan rule (fan_in = D·D, fan_out = C·D), as released.
+  void initialise(at::Generator& gen) override {
+    torch::NoGradGuard no_grad;
+    const double C = pq_.size(0), D = dim_;
+    const double bound = std::sqrt(6.0 / (D * D + C * D));
+    for (auto* p : {&pq_, &pk_, &pv_}) p->copy_(at::rand(p->sizes(), gen, p->options()) * (2 * bound) - bound);
+  }
+
+  at::Tensor forward(const at::Tensor& x, AttentionContext& ctx) override {
+    TORCH_CHECK(ctx.code_weights.defined(), "LISA attention needs the input items' codes in the context");
+    const auto& C = codebooks_->codebooks();  // [C, W, D]
+    auto table = torch::bmm(torch::bmm(C, pq_), torch::bmm(C, pk_).transpose(1, 2)) / std::sqrt(double(dim_));
+    auto values = torch::bmm(C, pv_);
+    return ops::lisa_attention(ctx.code_weights, ctx.code_index, ctx.key_padding, table, values, gamma_);
+  }
+
+ private:
+  int64_t dim_;
+  double gamma_;
+  QuantizerImpl* codebooks_;  // owned by the input coder (registered there, not here)
+  at::Tensor pq_, pk_, pv_;
+};
+
+}  // namespace
+
+std::unique_ptr<SequenceModel> make_lisa(const ModelOptions& o) {
+  auto coder = std::make_shared<LisaCoderImpl>(o);
+  BackboneSpec spec;
+  spec.input_coder = coder;
+  spec.attention_reads_input = false;
+  QuantizerImpl* books = coder->sequence();
+  spec.attention = [o, books](int64_t) { return std::make_shared<LisaAttentionImpl>(o, books); };
+  return make_backbone_model(o, spec);
+}
+
+}  // namespace seqrec::models

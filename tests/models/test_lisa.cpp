@@ -1,0 +1,187 @@
+// LISA-specific behaviour beyond the model contract (test_models.cpp): the compression ratio is
+// the paper's Table 2 formula, EMA codebook statistics are additive (two half batches summed =
+// one whole batch, the property the all-reduce relies on), the EMA state is a checkpointed
+// buffer, the inputs-optimize term, and variant options that must be named in errors.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "models/model.h"
+
+namespace {
+using namespace seqrec::models;
+
+ModelOptions lisa(const std::string& variant) {
+  ModelOptions o;
+  o.model = "lisa";
+  o.lisa_variant = variant;
+  o.num_items = 40;
+  o.max_len = 16;
+  o.hidden = 8;
+  o.blocks = 1;
+  o.heads = 1;
+  o.dropout = 0.0;
+  o.codebooks = 3;
+  o.codewords = 6;
+  o.norm_first = false;
+  o.init_seed = 9;
+  return o;
+}
+
+at::Tensor batch(int64_t rows, int64_t L, int64_t salt) {
+  auto t = torch::zeros({rows, L}, torch::kInt64);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = r % 5; i < L; ++i) t[r][i] = 1 + (r * 13 + i * 7 + salt) % 40;
+  return t;
+}
+
+TEST(Lisa, CompressionRatioIsThePapersFormula) {
+  // ML-1M (3,416 items), D = 128: Base B = 8, W = 128 -> 3.19x; Mini adds B = 8, W = 32 -> 2.51x.
+  ModelOptions o;
+  o.model = "lisa";
+  o.num_items = 3416;
+  o.hidden = 128;
+  o.codebooks = 8;
+  o.codewords = 128;
+  EXPECT_NEAR(compression_ratio(o), 3.19, 0.005);
+  o.lisa_variant = "mini";
+  o.codewords = 32;
+  o.target_codebooks = 8;
+  o.target_codewords = 128;
+  EXPECT_NEAR(compression_ratio(o), 2.51, 0.005);
+  o.lisa_variant = "soft";
+  EXPECT_EQ(compression_ratio(o), 0.0);
+  o.model = "sasrec";
+  EXPECT_EQ(compression_ratio(o), 0.0);
+}
+
+std::vector<at::Tensor> snapshot(std::vector<at::Tensor> v) {
+  for (auto& t : v) t = t.clone();
+  return v;
+}
+
+TEST(Lisa, EmaStatisticsAreAdditiveAcrossBatchSplits) {
+  for (std::string variant : {"base", "mini"}) {
+    auto o = lisa(variant);
+    o.codebook_update = "ema";
+    o.target_codebooks = 2;
+    o.target_codewords = 5;
+    auto whole = make_model(o), half_a = make_model(o), half_b = make_model(o);
+    for (auto* m : {whole.get(), half_a.get(), half_b.get()}) m->set_training(true);
+    auto x = batch(8, 16, 1);
+    whole->encode(x);
+    half_a->encode(x.narrow(0, 0, 3));
+    half_b->encode(x.narrow(0, 3, 5));
+    auto s_whole = snapshot(whole->pending_statistics());
+    auto s_a = half_a->pending_statistics(), s_b = half_b->pending_statistics();
+    ASSERT_EQ(s_whole.size(), variant == "mini" ? 4u : 2u);
+    double total = 0;
+    for (size_t i = 0; i < s_whole.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(s_a[i] + s_b[i], s_whole[i], 1e-5, 1e-5)) << variant << " statistic " << i;
+      total += s_whole[i].abs().sum().item<double>();
+    }
+    EXPECT_GT(total, 0.0);
+    // Applying the summed halves on one copy equals applying the whole batch.
+    for (size_t i = 0; i < s_a.size(); ++i) s_a[i].add_(s_b[i]);
+    half_a->apply_statistics();
+    whole->apply_statistics();
+    auto ba = half_a->named_buffers(), bw = whole->named_buffers();
+    ASSERT_EQ(ba.size(), bw.size());
+    bool has_codebooks = false;
+    for (size_t i = 0; i < ba.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(ba[i].second, bw[i].second, 1e-5, 1e-6)) << ba[i].first;
+      has_codebooks |= ba[i].first.find("codebooks") != std::string::npos;
+    }
+    EXPECT_TRUE(has_codebooks) << "EMA codebooks must be buffers (checkpointed, not trained by Adam)";
+    for (auto& [name, p] : whole->named_parameters())
+      EXPECT_EQ(name.find(".codebooks"), std::string::npos) << name;
+    // Pending sums are cleared after an update; eval forwards collect nothing.
+    for (auto& t : whole->pending_statistics()) EXPECT_EQ(t.abs().sum().item<double>(), 0.0);
+    whole->set_training(false);
+    whole->encode(x);
+    for (auto& t : whole->pending_statistics()) EXPECT_EQ(t.abs().sum().item<double>(), 0.0);
+  }
+}
+
+TEST(Lisa, EmaUpdateMovesCodebooksTowardsAssignedResiduals) {
+  auto o = lisa("base");
+  o.codebook_update = "ema";
+  o.ema_decay = 0.5;
+  auto m = make_model(o);
+  m->set_training(true);
+  auto before = snapshot([&] {
+    std::vector<at::Tensor> v;
+    for (auto& [n, t] : m->named_buffers()) v.push_back(t);
+    return v;
+  }());
+  m->encode(batch(6, 16, 2));
+  m->apply_statistics();
+  double moved = 0;
+  size_t i = 0;
+  for (auto& [n, t] : m->named_buffers()) moved += (t - before[i++]).abs().sum().item<double>();
+  EXPECT_GT(moved, 0.0);
+}
+
+TEST(Lisa, InputsOptimizeTermOnlyWhenAsked) {
+  auto o = lisa("soft");
+  o.lisa_commitment = 0.01;
+  auto m = make_model(o);
+  m->set_training(true);
+  m->encode(batch(4, 16, 3));
+  auto aux = m->take_auxiliary_loss();
+  ASSERT_TRUE(aux.defined());
+  EXPECT_GT(aux.item<double>(), 0.0);
+  EXPECT_FALSE(m->take_auxiliary_loss().defined()) << "taken once";
+  o.lisa_commitment = 0.0;
+  auto plain = make_model(o);
+  plain->set_training(true);
+  plain->encode(batch(4, 16, 3));
+  EXPECT_FALSE(plain->take_auxiliary_loss().defined());
+}
+
+TEST(Lisa, TargetsFollowTheVariant) {
+  torch::NoGradGuard g;
+  auto base = make_model(lisa("base")), soft = make_model(lisa("soft"));
+  base->set_training(false);
+  soft->set_training(false);
+  // Base scores quantized targets: at most W^B distinct rows; Soft scores raw (scaled) rows.
+  auto tb = base->item_embeddings(), ts = soft->item_embeddings();
+  EXPECT_EQ(tb.sizes(), ts.sizes());
+  at::Tensor raw;
+  for (auto& [n, p] : soft->named_parameters())
+    if (n == "item_emb.weight") raw = p;
+  EXPECT_TRUE(torch::allclose(ts, raw * std::sqrt(8.0)));
+  EXPECT_FALSE(torch::allclose(tb, raw * std::sqrt(8.0), 1e-3, 1e-3));
+}
+
+TEST(Lisa, BadOptionsAreNamed) {
+  auto expect_named = [](ModelOptions o, const std::string& what) {
+    try {
+      make_model(o);
+      ADD_FAILURE() << "no error for " << what;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  auto o = lisa("base");
+  o.lisa_variant = "huge";
+  expect_named(o, "lisa_variant 'huge'");
+  o = lisa("base");
+  o.codewords = 0;
+  expect_named(o, "codewords");
+  o = lisa("base");
+  o.codebooks = -1;
+  expect_named(o, "codebooks");
+  o = lisa("mini");
+  o.target_codewords = 0;
+  expect_named(o, "target_codewords");
+  o = lisa("base");
+  o.codebook_update = "kmeans";
+  expect_named(o, "codebook_update 'kmeans'");
+  // A checkpoint's target codebooks that differ from the configuration are named.
+  auto a = lisa("mini"), b = lisa("mini");
+  b.target_codewords = 64;
+  EXPECT_NE(signature_difference(model_signature(a), model_signature(b)).find("target_codewords: 128 vs 64"),
+            std::string::npos);
+}
+
+}  // namespace
