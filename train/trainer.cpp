@@ -105,12 +105,11 @@ void seed_generator(uint64_t seed) {
 
 // Loss summed over the target positions of some rows (the caller normalises by the global
 // target count).
-at::Tensor rows_loss_sum(models::SequenceModel& model, const at::Tensor& input, const at::Tensor& pos,
-                         const at::Tensor& neg, const std::string& kind) {
+at::Tensor rows_loss_sum(models::SequenceModel& model, const at::Tensor& table, const at::Tensor& input,
+                         const at::Tensor& pos, const at::Tensor& neg, const std::string& kind) {
   auto h = model.encode(input);  // [n, L, D]
   auto mask = pos.ne(0);
   auto hp = h.index({mask});     // [T, D]
-  auto table = model.item_embeddings();
   if (kind == "bce") {
     auto pos_logit = (hp * table.index_select(0, pos.index({mask}))).sum(-1);
     auto neg_logit = (hp * table.index_select(0, neg.index({mask}))).sum(-1);
@@ -136,12 +135,14 @@ at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b,
   const auto* ord = order.data_ptr<int64_t>();
   const int64_t per_group = std::max<int64_t>(1, (n + groups - 1) / std::max<int64_t>(groups, 1));
   at::Tensor total;
+  // The scored item table once per batch: for LISA it is the quantized catalogue.
+  const auto table = model.item_embeddings();
   for (int64_t begin = 0; begin < n; begin += per_group) {
     const int64_t width = len[ord[begin]];
     if (width == 0) break;  // the rest have no targets
     auto rows = order.narrow(0, begin, std::min(per_group, n - begin));
     auto slice = [&](const at::Tensor& t) { return t.index_select(0, rows).narrow(1, L - width, width); };
-    auto part = rows_loss_sum(model, slice(b.input), slice(b.pos), slice(b.neg), kind);
+    auto part = rows_loss_sum(model, table, slice(b.input), slice(b.pos), slice(b.neg), kind);
     total = total.defined() ? total + part : part;
   }
   // Model-side terms (LISA's inputs-optimize loss), summed over the same items.

@@ -48,7 +48,7 @@ std::map<std::string, at::Tensor> params_of(const std::string& checkpoint_dir) {
   auto b = seqrec::train::read_bundle_file(checkpoint_dir + "/shared.bin");
   std::map<std::string, at::Tensor> out;
   for (auto& [n, t] : b.tensors)
-    if (n.rfind("param/", 0) == 0 || n.rfind("adam/", 0) == 0) out[n] = t;
+    if (n.rfind("param/", 0) == 0 || n.rfind("adam/", 0) == 0 || n.rfind("buffer/", 0) == 0) out[n] = t;
   return out;
 }
 
@@ -127,6 +127,26 @@ TEST_F(Cli, ResumeIsExact) {
   ASSERT_EQ(pa.size(), pb.size());
   ASSERT_FALSE(pa.empty());
   for (auto& [n, t] : pa) EXPECT_TRUE(torch::equal(t, pb.at(n))) << n << " differs after resume";
+}
+
+// LISA's EMA codebooks are buffers: saved, restored, and continued exactly.
+TEST_F(Cli, ResumeContinuesTheEmaCodebooksExactly) {
+  const std::string a = dir("ema-a"), b = dir("ema-b");
+  const std::string common = "train --data " + data() + " " + kTrainSmall +
+                             "--epochs 5 --final_test=false --model lisa --codebook_update ema --codebooks 2 "
+                             "--codewords 8 --norm_first=false --ema_decay 0.9 ";
+  ASSERT_EQ(run_seqrec(common + "--out " + a + " --max_steps 12", 300).code, 0);
+  ASSERT_EQ(run_seqrec(common + "--out " + b + " --max_steps 5", 300).code, 0);
+  auto second = run_seqrec(common + "--out " + b + " --max_steps 12 --resume auto", 300);
+  ASSERT_EQ(second.code, 0) << second.output;
+  auto pa = params_of(newest_checkpoint(a)), pb = params_of(newest_checkpoint(b));
+  ASSERT_EQ(pa.size(), pb.size());
+  int codebooks = 0;
+  for (auto& [n, t] : pa) {
+    EXPECT_TRUE(torch::equal(t, pb.at(n))) << n << " differs after resume";
+    codebooks += n.find("buffer/") == 0 && n.find("codebooks") != std::string::npos;
+  }
+  EXPECT_EQ(codebooks, 1) << "the EMA codebooks must be checkpointed";
 }
 
 TEST_F(Cli, LengthGroupsChangeTheWorkNotTheResult) {
@@ -223,7 +243,8 @@ TEST_F(Cli, KillDuringCheckpointWriteKeepsThePreviousOne) {
 
 // Every registered model trains, selects and tests through the same CLI path.
 TEST_F(Cli, EveryModelTrainsAndTests) {
-  for (std::string m : {"linrec --linrec_norm code", "lightsans --interests 4",
+  for (std::string m : {"linrec --linrec_norm code", "lisa --lisa_variant mini --codewords 4 --target_codewords 8",
+                        "lisa --lisa_variant soft --codewords 4 --lisa_commitment 0.01", "lightsans --interests 4",
                         "lightsans --interests 4 --lightsans_position absolute"}) {
     const std::string run = dir("model-" + std::to_string(std::hash<std::string>{}(m)));
     auto r = run_seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall + "--epochs 2 --model " + m, 120);

@@ -32,14 +32,14 @@ class CliMpi : public ::testing::Test {
 };
 std::string* CliMpi::root_ = nullptr;
 
-std::map<std::string, at::Tensor> final_params(const std::string& run) {
+std::map<std::string, at::Tensor> final_params(const std::string& run, const std::string& prefix = "param/") {
   std::string newest;
   for (auto& e : fs::directory_iterator(run + "/checkpoints"))
     if (e.path().filename().string().rfind("step-", 0) == 0) newest = std::max(newest, e.path().string());
   auto b = seqrec::train::read_bundle_file(newest + "/shared.bin");
   std::map<std::string, at::Tensor> out;
   for (auto& [n, t] : b.tensors)
-    if (n.rfind("param/", 0) == 0) out[n] = t;
+    if (n.rfind(prefix, 0) == 0) out[n] = t;
   return out;
 }
 
@@ -70,6 +70,32 @@ TEST_F(CliMpi, RanksTrainExactlyAsOneRankWithTheGlobalBatch) {
     // missing or doubled example (a gradient change of >= 1/(global batch) relative)
     // moves parameters by > 1e-5.
     EXPECT_LT(worst, 1e-6) << "np " << np << ": max |delta param| " << worst;
+  }
+}
+
+// LISA's EMA codebooks: each rank's assignment counts and residual sums are all-reduced before
+// the update, so the codebooks after K steps match one rank with the global batch.
+TEST_F(CliMpi, EmaCodebooksMatchOneRankWithTheGlobalBatch) {
+  const std::string lisa = " --model lisa --codebook_update ema --codebooks 2 --codewords 8 --norm_first=false "
+                           "--ema_decay 0.8 --blocks 1";
+  for (int np : {2, 3}) {
+    const std::string single = dir("ema-single" + std::to_string(np)), multi = dir("ema-multi" + std::to_string(np));
+    auto a = run_seqrec(train_args(data(), single, 8 * np) + lisa, 300);
+    ASSERT_EQ(a.code, 0) << a.output;
+    auto b = run_command(mpirun() + " -np " + std::to_string(np) + " " + seqrec_bin() + train_args(data(), multi, 8) + lisa, 300);
+    ASSERT_EQ(b.code, 0) << b.output;
+    auto ba = final_params(single, "buffer/"), bb = final_params(multi, "buffer/");
+    ASSERT_EQ(ba.size(), bb.size());
+    ASSERT_TRUE(ba.count("buffer/codes.sequence_pq.codebooks")) << "no EMA codebooks in the checkpoint";
+    double worst = 0;
+    for (auto& [n, t] : ba) worst = std::max(worst, (t - bb.at(n)).abs().max().item<double>());
+    // The statistics are sums of the same per-item terms in another order (~1e-7 relative);
+    // one item missing or counted twice would move a codeword's mean by >= 1e-3.
+    EXPECT_LT(worst, 1e-5) << "np " << np << ": max |delta EMA buffer| " << worst;
+    auto pa = final_params(single), pb = final_params(multi);
+    double worst_param = 0;
+    for (auto& [n, t] : pa) worst_param = std::max(worst_param, (t - pb.at(n)).abs().max().item<double>());
+    EXPECT_LT(worst_param, 1e-5) << "np " << np;
   }
 }
 

@@ -1,7 +1,8 @@
 // LightSANs' causal item-to-interest aggregation and interest attention against loop-level
 // references in double: lengths that break the chunking, left padding, all-padding rows,
 // logits spread over hundreds (stability), causality, padding isolation, gradients against
-// central differences.
+// central differences; the fused causal_interest_attention against their composition (outputs,
+// gradients, dropout mask, chunkings that break the length, causality, padding).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -122,6 +123,169 @@ TEST(InterestAggregation, GradientsMatchCentralDifferences) {
   auto w = torch::randn({2, 11, 2, 3}, torch::kFloat64);
   auto f = [&] { return (causal_interest_aggregation(x, a, pad, 4) * w).sum(); };
   seqrec::testing::expect_gradients_match_central_differences(f, {x, a});
+}
+
+// ---- causal_interest_attention (fused) against the reference composition ----
+
+struct Inputs {
+  at::Tensor q, k, v, ak, av, pad;
+  std::vector<at::Tensor> all() const { return {q, k, v, ak, av}; }
+};
+
+Inputs make_inputs(int64_t B, int64_t H, int64_t L, int64_t Dh, int64_t K, const std::vector<int64_t>& lengths,
+                   double spread, torch::Dtype dtype = torch::kFloat32, bool grad = false) {
+  auto o = torch::TensorOptions().dtype(dtype);
+  Inputs in{torch::randn({B, H, L, Dh}, o), torch::randn({B, L, H * Dh}, o), torch::randn({B, L, H * Dh}, o),
+            torch::randn({B, L, K}, o) * spread, torch::randn({B, L, K}, o) * spread, left_padding(lengths, L)};
+  if (grad)
+    for (auto* t : {&in.q, &in.k, &in.v, &in.ak, &in.av}) t->requires_grad_();
+  return in;
+}
+
+at::Tensor reference(const Inputs& in, double p = 0.0, bool training = false) {
+  return interest_attention(in.q, causal_interest_aggregation(in.k, in.ak, in.pad),
+                            causal_interest_aggregation(in.v, in.av, in.pad), p, training);
+}
+
+at::Tensor fused(const Inputs& in, int64_t chunk = 0, double p = 0.0, bool training = false) {
+  return causal_interest_attention(in.q, in.k, in.v, in.ak, in.av, in.pad, p, training, chunk);
+}
+
+double max_err(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+TEST(CausalInterestAttention, MatchesReferenceComposition) {
+  torch::manual_seed(21);
+  struct Case { int64_t B, H, L, Dh, K; std::vector<int64_t> lengths; double spread; };
+  std::vector<Case> cases = {{1, 1, 1, 3, 1, {1}, 1},          {2, 2, 7, 2, 3, {7, 2}, 1},
+                             {3, 1, 67, 4, 5, {67, 33, 0}, 3}, {2, 2, 130, 3, 1, {130, 97}, 1},
+                             {2, 1, 67, 4, 5, {67, 40}, 400},  {2, 2, 130, 2, 5, {0, 100}, 200}};
+  for (auto& c : cases) {
+    auto in = make_inputs(c.B, c.H, c.L, c.Dh, c.K, c.lengths, c.spread);
+    auto want = reference(in);
+    for (int64_t chunk : {int64_t{0}, int64_t{1}, int64_t{5}, int64_t{32}, int64_t{200}}) {
+      if (chunk == 1 && c.L > 70) continue;  // slow; L = 67 covers it
+      auto got = fused(in, chunk);
+      ASSERT_EQ(got.sizes(), want.sizes());
+      ASSERT_TRUE(torch::isfinite(got).all().item<bool>()) << "L=" << c.L << " chunk=" << chunk;
+      EXPECT_TRUE(torch::allclose(got, want, 1e-4, 1e-5))
+          << "L=" << c.L << " H=" << c.H << " K=" << c.K << " chunk=" << chunk << " spread=" << c.spread
+          << " max err " << max_err(got, want);
+    }
+  }
+}
+
+TEST(CausalInterestAttention, ZerosBeforeFirstItemAndNoGradPathIdentical) {
+  torch::manual_seed(22);
+  auto in = make_inputs(3, 2, 20, 3, 4, {20, 6, 0}, 5, torch::kFloat32, true);
+  auto out = fused(in, 8);
+  out.backward(torch::randn_like(out));
+  for (auto& t : in.all()) EXPECT_TRUE(torch::isfinite(t.grad()).all().item<bool>());
+  EXPECT_TRUE(torch::equal(out[1].narrow(1, 0, 14).detach(), torch::zeros({2, 14, 3})));
+  EXPECT_TRUE(torch::equal(out[2].detach(), torch::zeros({2, 20, 3})));
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::equal(fused(in, 8), out.detach()));
+}
+
+TEST(CausalInterestAttention, GradientsMatchReferenceComposition) {
+  torch::manual_seed(23);
+  struct Case { int64_t B, H, L, Dh, K; std::vector<int64_t> lengths; double spread; int64_t chunk; };
+  std::vector<Case> cases = {{1, 1, 1, 2, 1, {1}, 1, 0},         {2, 2, 7, 2, 3, {7, 3}, 1, 5},
+                             {3, 1, 67, 3, 5, {67, 30, 0}, 3, 0}, {2, 2, 67, 2, 5, {50, 67}, 400, 5},
+                             {2, 1, 13, 3, 1, {13, 1}, 2, 1},     {2, 2, 30, 2, 2, {30, 0}, 1, 64}};
+  for (auto& c : cases) {
+    auto in = make_inputs(c.B, c.H, c.L, c.Dh, c.K, c.lengths, c.spread, torch::kFloat64, true);
+    auto w = torch::randn({c.B, c.H, c.L, c.Dh}, torch::kFloat64);
+    auto want = torch::autograd::grad({(reference(in) * w).sum()}, in.all());
+    auto got = torch::autograd::grad({(fused(in, c.chunk) * w).sum()}, in.all());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(got[i].defined() && torch::isfinite(got[i]).all().item<bool>()) << "L=" << c.L << " input " << i;
+      const double scale = want[i].abs().max().item<double>();
+      EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-8, 1e-8 * scale))
+          << "L=" << c.L << " chunk=" << c.chunk << " input " << i << " max err " << max_err(got[i], want[i])
+          << " (scale " << scale << ")";
+    }
+  }
+}
+
+TEST(CausalInterestAttention, GradientsMatchCentralDifferences) {
+  torch::manual_seed(24);
+  auto in = make_inputs(2, 2, 9, 2, 3, {9, 5}, 2, torch::kFloat64, true);
+  auto w = torch::randn({2, 2, 9, 2}, torch::kFloat64);
+  auto f = [&] { return (fused(in, 4) * w).sum(); };
+  seqrec::testing::expect_gradients_match_central_differences(f, in.all(), 2);
+}
+
+TEST(CausalInterestAttention, DropoutMaskIsReproducibleAndUsedInBackward) {
+  torch::manual_seed(25);
+  auto in = make_inputs(2, 2, 23, 2, 4, {23, 12}, 2, torch::kFloat64, true);
+  auto w = torch::randn({2, 2, 23, 2}, torch::kFloat64);
+  const double p = 0.3;
+  torch::manual_seed(7);
+  auto a = fused(in, 5, p, true);
+  torch::manual_seed(7);
+  auto b = fused(in, 8, p, true);
+  auto c = fused(in, 5, p, true);  // the generator moved on: another mask
+  EXPECT_TRUE(torch::allclose(a, b, 1e-12, 1e-12));
+  EXPECT_FALSE(torch::allclose(a, c));
+  EXPECT_FALSE(torch::allclose(a, fused(in, 5)));
+  // Given the same generator state the mask is the reference's; forward and gradients agree.
+  torch::manual_seed(7);
+  auto r = reference(in, p, true);
+  EXPECT_TRUE(torch::allclose(a, r, 1e-10, 1e-12)) << max_err(a, r);
+  auto want = torch::autograd::grad({(r * w).sum()}, in.all());
+  auto got = torch::autograd::grad({(a * w).sum()}, in.all());
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-8, 1e-12)) << "input " << i << " " << max_err(got[i], want[i]);
+  // Central differences with the generator reset before each evaluation.
+  auto f = [&] {
+    torch::manual_seed(9);
+    return (fused(in, 5, p, true) * w).sum();
+  };
+  seqrec::testing::expect_gradients_match_central_differences(f, {in.q, in.ak, in.v}, 5);
+  // Evaluation mode: no dropout, no generator draw.
+  EXPECT_TRUE(torch::allclose(fused(in, 5, p, false), fused(in, 5), 0, 0));
+}
+
+TEST(CausalInterestAttention, CausalBitExactAndPaddingIsolated) {
+  torch::manual_seed(26);
+  const int64_t L = 75;
+  auto in = make_inputs(2, 2, L, 3, 4, {75, 30}, 3);
+  for (int64_t chunk : {int64_t{0}, int64_t{16}, int64_t{7}}) {
+    auto base = fused(in, chunk);
+    auto moved = in;
+    moved.q = in.q.clone(), moved.k = in.k.clone(), moved.v = in.v.clone();
+    moved.ak = in.ak.clone(), moved.av = in.av.clone();
+    moved.q.select(2, 60).normal_();
+    moved.k.select(1, 60).normal_();
+    moved.v.select(1, 60).normal_(0, 5);
+    moved.ak.select(1, 60).fill_(50.0);
+    moved.av.select(1, 60).fill_(-50.0);
+    auto out = fused(moved, chunk);
+    EXPECT_TRUE(torch::equal(out.narrow(2, 0, 60), base.narrow(2, 0, 60))) << "chunk " << chunk;
+    EXPECT_FALSE(torch::allclose(out.narrow(2, 60, 15), base.narrow(2, 60, 15))) << "chunk " << chunk;
+
+    // Padded rows (before row 1's first item) change nothing at real slots, whatever they hold.
+    auto iso = in;
+    iso.k = in.k.clone(), iso.v = in.v.clone(), iso.ak = in.ak.clone(), iso.av = in.av.clone();
+    iso.k[1].narrow(0, 0, 45).normal_(0, 10);
+    iso.v[1].narrow(0, 0, 45).normal_(0, 10);
+    iso.ak[1].narrow(0, 0, 45).fill_(1e4);
+    iso.av[1].narrow(0, 0, 45).fill_(-1e4);
+    auto got = fused(iso, chunk);
+    ASSERT_TRUE(torch::isfinite(got).all().item<bool>());
+    auto real = in.pad.logical_not().view({2, 1, L, 1});
+    EXPECT_TRUE(torch::allclose(got * real, base * real, 1e-6, 1e-6)) << "chunk " << chunk;
+  }
+}
+
+TEST(CausalInterestAttention, BadInputIsNamed) {
+  auto in = make_inputs(1, 2, 4, 3, 2, {4}, 1);
+  EXPECT_THROW(causal_interest_attention(in.q, in.k.narrow(2, 0, 5), in.v, in.ak, in.av, in.pad, 0, false), c10::Error);
+  EXPECT_THROW(causal_interest_attention(in.q, in.k, in.v, in.ak, in.av.narrow(2, 0, 1), in.pad, 0, false), c10::Error);
+  EXPECT_THROW(causal_interest_attention(in.q, in.k, in.v, in.ak, in.av, in.pad.to(torch::kFloat), 0, false),
+               c10::Error);
+  EXPECT_THROW(causal_interest_attention(in.q, in.k, in.v, in.ak, in.av, in.pad, 0, false, -1), c10::Error);
+  EXPECT_THROW(causal_interest_attention(in.q, in.k, in.v, in.ak, in.av, in.pad, 1.0, true), c10::Error);
 }
 
 TEST(InterestAggregation, BadInputIsNamed) {
