@@ -46,6 +46,13 @@ class InputCoderImpl : public torch::nn::Module {
   virtual void apply_statistics() {}
   // Loss terms accumulated by training forwards since the last call (summed over items).
   virtual at::Tensor take_auxiliary_loss() { return {}; }
+  // Online inference: fold one more item (scaled [1, 1, D]) into `state` (undefined before the
+  // first item), fill ctx for a single-slot forward of that item, return its residual input.
+  virtual bool supports_online() const { return false; }
+  virtual at::Tensor online_step(const at::Tensor& scaled, at::Tensor& state, AttentionContext& ctx) {
+    (void)scaled, (void)state, (void)ctx;
+    return {};
+  }
 };
 
 }  // namespace seqrec::models

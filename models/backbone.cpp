@@ -1,6 +1,7 @@
 #include "models/backbone.h"
 
 #include <cmath>
+#include <stdexcept>
 
 #include "ops/dropout/dropout.h"
 
@@ -103,6 +104,19 @@ class TransformerRecImpl : public torch::nn::Module {
     return final_ln_(last) * keep_last;
   }
 
+  // One online step: the new item's hidden state from its embedding and the coder's state.
+  at::Tensor online_step(int64_t item, at::Tensor& state) {
+    TORCH_CHECK(!is_training(), "online sessions run in evaluation mode (set_training(false))");
+    auto ids = torch::full({1, 1}, item, torch::kLong);
+    AttentionContext ctx;
+    ctx.key_padding = torch::zeros({1, 1}, torch::kBool);
+    ctx.positions = positions_(torch::full({1}, o_.max_len - 1, torch::kLong));
+    auto x = coder_->online_step(items_(ids) * std::sqrt(static_cast<double>(o_.hidden)), state, ctx);
+    if (positions_at_input_) x = x + ctx.positions.unsqueeze(0);
+    for (size_t i = 0; i + 1 < blocks_.size(); ++i) x = blocks_[i]->forward(x, ctx);
+    return final_ln_(blocks_.back()->forward_last(x, ctx)).view(-1);
+  }
+
   at::Tensor item_embeddings() { return coder_ ? coder_->targets(items_->weight) : items_->weight; }
   at::Tensor raw_item_table() { return items_->weight; }
   std::vector<Block>& blocks() { return blocks_; }
@@ -157,6 +171,28 @@ void initialise(TransformerRecImpl& m, uint64_t seed) {
   m.raw_item_table()[0].zero_();
 }
 
+class BackboneSession : public OnlineSession {
+ public:
+  BackboneSession(std::shared_ptr<TransformerRecImpl> net, int64_t num_items)
+      : net_(std::move(net)), num_items_(num_items) {}
+  at::Tensor push(int64_t item) override {
+    if (item < 1 || item > num_items_)
+      throw std::out_of_range("online session: item id " + std::to_string(item) + " is outside 1.." +
+                              std::to_string(num_items_));
+    torch::NoGradGuard no_grad;
+    auto h = net_->online_step(item, state_);
+    ++length_;
+    return h;
+  }
+  int64_t length() const override { return length_; }
+
+ private:
+  std::shared_ptr<TransformerRecImpl> net_;
+  int64_t num_items_;
+  at::Tensor state_;
+  int64_t length_ = 0;
+};
+
 class BackboneModel : public SequenceModel {
  public:
   BackboneModel(const ModelOptions& o, const BackboneSpec& spec)
@@ -182,6 +218,11 @@ class BackboneModel : public SequenceModel {
   }
   void apply_statistics() override {
     if (net_->coder()) net_->coder()->apply_statistics();
+  }
+  std::unique_ptr<OnlineSession> online_session() override {
+    if (!net_->coder() || !net_->coder()->supports_online())
+      throw std::invalid_argument("model '" + o_.model + "' has no constant-size online state");
+    return std::make_unique<BackboneSession>(net_, o_.num_items);
   }
   at::Tensor take_auxiliary_loss() override {
     return net_->coder() ? net_->coder()->take_auxiliary_loss() : at::Tensor();

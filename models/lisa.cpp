@@ -180,6 +180,22 @@ class LisaCoderImpl : public InputCoderImpl {
     return (target_ ? target_ : sequence_)->encode(scaled, none, /*collect=*/false).recon;
   }
 
+  // The decayed codeword histogram is the whole per-user state: F <- gamma·F + codes(item).
+  bool supports_online() const override { return true; }
+  at::Tensor online_step(const at::Tensor& scaled, at::Tensor& state, AttentionContext& ctx) override {
+    const int64_t D = scaled.size(2), C = sequence_->books(), W = sequence_->words();
+    auto codes = sequence_->encode(scaled.reshape({1, D}), torch::ones({1}, torch::kBool), /*collect=*/false);
+    auto w = codes.weights.reshape({C, W});
+    state = state.defined() ? state * std::exp(-o_.lisa_decay) + w : w.clone();
+    // Long-unseen codewords decay into fp32 denormals (below ~1e-38 after ~900 steps at
+    // e^-0.1), whose arithmetic is many times slower on x86; next to the newest item's weight
+    // of 1 in every codebook they are nothing, so they are flushed to zero.
+    state.masked_fill_(state < 1e-30, 0.0);
+    ctx.code_weights = state.view({1, 1, C, W});
+    ctx.code_index = codes.index.reshape({1, 1, C});
+    return codes.recon.reshape({1, 1, D});
+  }
+
   std::vector<at::Tensor> pending_statistics() override {
     auto s = sequence_->pending();
     if (target_)
@@ -226,13 +242,41 @@ class LisaAttentionImpl : public AttentionModuleImpl {
 
   at::Tensor forward(const at::Tensor& x, AttentionContext& ctx) override {
     TORCH_CHECK(ctx.code_weights.defined(), "LISA attention needs the input items' codes in the context");
-    const auto& C = codebooks_->codebooks();  // [C, W, D]
-    auto table = torch::bmm(torch::bmm(C, pq_), torch::bmm(C, pk_).transpose(1, 2)) / std::sqrt(double(dim_));
-    auto values = torch::bmm(C, pv_);
+    at::Tensor table, values;
+    tables(table, values);
     return ops::lisa_attention(ctx.code_weights, ctx.code_index, ctx.key_padding, table, values, gamma_);
   }
 
  private:
+  // The W x W tables and the projected values. Training recomputes them every forward (they
+  // carry gradients); inference without autograd reuses them until a parameter or codebook
+  // changes (tracked by the tensors' version counters, which every in-place update bumps).
+  void tables(at::Tensor& table, at::Tensor& values) {
+    const auto& C = codebooks_->codebooks();  // [C, W, D]
+    const bool cacheable = !is_training() && !at::GradMode::is_enabled();
+    const std::vector<uint32_t> version = {C._version(), pq_._version(), pk_._version(), pv_._version()};
+    if (cacheable && cached_table_.defined() && version == cached_version_ &&
+        C.data_ptr() == cached_codebooks_) {
+      table = cached_table_;
+      values = cached_values_;
+      return;
+    }
+    table = torch::bmm(torch::bmm(C, pq_), torch::bmm(C, pk_).transpose(1, 2)) / std::sqrt(double(dim_));
+    values = torch::bmm(C, pv_);
+    if (cacheable) {
+      cached_table_ = table;
+      cached_values_ = values;
+      cached_version_ = version;
+      cached_codebooks_ = C.data_ptr();
+    } else {
+      cached_table_ = cached_values_ = at::Tensor();
+    }
+  }
+
+  at::Tensor cached_table_, cached_values_;
+  std::vector<uint32_t> cached_version_;
+  const void* cached_codebooks_ = nullptr;
+
   int64_t dim_;
   double gamma_;
   QuantizerImpl* codebooks_;  // owned by the input coder (registered there, not here)

@@ -159,6 +159,10 @@ std::string signature_difference(const std::string& a, const std::string& b) {
   return diff;
 }
 
+std::unique_ptr<OnlineSession> SequenceModel::online_session() {
+  throw std::invalid_argument("model '" + options().model + "' has no constant-size online state");
+}
+
 double compression_ratio(const ModelOptions& o) {
   if (o.model != "lisa" || o.lisa_variant == "soft") return 0.0;
   const double N = static_cast<double>(o.num_items), D = static_cast<double>(o.hidden);

@@ -57,6 +57,17 @@ void validate(const ModelOptions& options);
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
+// Incremental scoring of one user's growing history (LISA's online inference, §4.8): the state
+// is O(codebooks x codewords) whatever the history length, and each push costs the same.
+class OnlineSession {
+ public:
+  virtual ~OnlineSession() = default;
+  // Appends `item` (1..num_items; anything else throws std::out_of_range naming it) and returns
+  // the hidden state [D] that scores the next item: encode_last of the history so far.
+  virtual at::Tensor push(int64_t item) = 0;
+  virtual int64_t length() const = 0;
+};
+
 class SequenceModel {
  public:
   virtual ~SequenceModel() = default;
@@ -79,6 +90,9 @@ class SequenceModel {
   // Extra loss accumulated by the training forwards since the last call (a sum over items, to be
   // normalised like the main loss); undefined when the model has none.
   virtual at::Tensor take_auxiliary_loss() { return {}; }
+  // A fresh online session (evaluation mode only); throws std::invalid_argument for models
+  // without a constant-size state.
+  virtual std::unique_ptr<OnlineSession> online_session();
   virtual const ModelOptions& options() const = 0;
 };
 

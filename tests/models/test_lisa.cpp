@@ -153,6 +153,54 @@ TEST(Lisa, TargetsFollowTheVariant) {
   EXPECT_FALSE(torch::allclose(tb, raw * std::sqrt(8.0), 1e-3, 1e-3));
 }
 
+// §4.8: the per-user state (decayed codeword histogram) scores every step exactly as a full
+// forward pass over the history so far.
+TEST(Lisa, OnlineStateEqualsTheFullForwardAtEveryStep) {
+  for (std::string variant : {"base", "soft", "mini"}) {
+    auto o = lisa(variant);
+    o.max_len = 40;
+    o.blocks = 2;
+    o.norm_first = variant != "soft";
+    o.target_codebooks = 2;
+    o.target_codewords = 5;
+    auto m = make_model(o);
+    m->set_training(false);
+    auto session = m->online_session();
+    std::vector<int64_t> history;
+    torch::NoGradGuard g;
+    for (int64_t t = 0; t < 40; ++t) {
+      const int64_t item = 1 + (t * 11 + 3) % 40;
+      history.push_back(item);
+      auto h = session->push(item);
+      auto input = torch::tensor(history, torch::kLong).view({1, -1});
+      auto want = m->encode_last(input).view(-1);
+      ASSERT_TRUE(torch::allclose(h, want, 1e-5, 1e-5))
+          << variant << " step " << t << ": max diff " << (h - want).abs().max().item<double>();
+    }
+    EXPECT_EQ(session->length(), 40);
+  }
+}
+
+TEST(Lisa, OnlineStateRejectsBadItemsAndTrainingMode) {
+  auto m = make_model(lisa("base"));
+  m->set_training(false);
+  auto session = m->online_session();
+  for (int64_t bad : {int64_t{0}, int64_t{41}, int64_t{-3}}) {
+    try {
+      session->push(bad);
+      ADD_FAILURE() << "no error for item " << bad;
+    } catch (const std::out_of_range& e) {
+      EXPECT_NE(std::string(e.what()).find("item id " + std::to_string(bad)), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(session->length(), 0);
+  m->set_training(true);
+  EXPECT_THROW(session->push(3), c10::Error);
+  ModelOptions s;
+  s.num_items = 10;
+  EXPECT_THROW(make_model(s)->online_session(), std::invalid_argument);
+}
+
 TEST(Lisa, BadOptionsAreNamed) {
   auto expect_named = [](ModelOptions o, const std::string& what) {
     try {
