@@ -84,14 +84,13 @@ int main(int argc, char** argv) {
       };
   } else if (op == "lightsans") {
     // The item-to-interest branch (LightSANs-ape's whole attention): aggregate keys and values,
-    // attend each slot's query over its interests.
+    // attend each slot's query over its interests (the fused op the model runs).
     auto q = leaf(torch::randn({B, heads, len, dh})), k = leaf(torch::randn({B, len, dim})),
          v = leaf(torch::randn({B, len, dim})), tk = leaf(torch::randn({dim, interests})),
          tv = leaf(torch::randn({dim, interests}));
     run = [=] {
-      auto keys = seqrec::ops::causal_interest_aggregation(k, torch::matmul(k, tk), pad);
-      auto values = seqrec::ops::causal_interest_aggregation(v, torch::matmul(v, tv), pad);
-      return seqrec::ops::interest_attention(q, keys, values, 0.0, true);
+      return seqrec::ops::causal_interest_attention(q, k, v, torch::matmul(k, tk), torch::matmul(v, tv), pad, 0.0,
+                                                    true);
     };
 #ifdef SEQREC_BENCH_LISA
   } else if (op == "lisa") {

@@ -41,10 +41,9 @@ class LightSansAttentionImpl : public AttentionModuleImpl {
     auto qkv = qkv_(x).chunk(3, -1);  // 3 x [B, L, D]
     const auto& k = qkv[1];
     const auto& v = qkv[2];
-    auto keys = ops::causal_interest_aggregation(k, torch::matmul(k, theta_k_), ctx.key_padding);
-    auto values = ops::causal_interest_aggregation(v, torch::matmul(v, theta_v_), ctx.key_padding);
     auto heads = [&](const at::Tensor& t) { return t.reshape({t.size(0), t.size(1), heads_, dh}).transpose(1, 2); };
-    auto o = ops::interest_attention(heads(qkv[0]), keys, values, dropout_, is_training());  // [B, H, L, dh]
+    auto o = ops::causal_interest_attention(heads(qkv[0]), k, v, torch::matmul(k, theta_k_), torch::matmul(v, theta_v_),
+                                            ctx.key_padding, dropout_, is_training());  // [B, H, L, dh]
     if (decoupled_) {
       auto p = pos_ln_(ctx.positions).unsqueeze(0);  // [1, L, D], shared by the batch
       // The op scales by 1/sqrt(dh); the released code's total is 1/(sqrt(2)·dh).

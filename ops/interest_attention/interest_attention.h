@@ -12,8 +12,9 @@
 // so every slot is a valid next-item state (SASRec-style every-position training), and the
 // last slot of a sequence equals the paper's aggregation of that whole sequence.
 //
-// The ATen reference runs on any device and differentiates through autograd; a fused kernel
-// (which need not materialise [B, L, k, D]) will sit behind the same signatures.
+// The ATen reference (the two functions below) runs on any device and differentiates through
+// autograd; causal_interest_attention computes their composition without materialising
+// [B, L, k, D] (interest_attention_fused.cpp) and is what LightSANs runs.
 #include <ATen/core/Tensor.h>
 
 namespace seqrec::ops {
@@ -30,5 +31,20 @@ at::Tensor causal_interest_aggregation(const at::Tensor& x, const at::Tensor& lo
 // scores scaled by 1/sqrt(Dh); `dropout` on the attention probabilities when training.
 at::Tensor interest_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                               double dropout, bool training);
+
+// The two above fused: interest_attention(q, causal_interest_aggregation(k, logits_k, pad),
+// causal_interest_aggregation(v, logits_v, pad), dropout, training) -> [B, H, L, Dh], equal to it
+// to rounding (and, given the same generator state, with the same dropout mask: one draw from
+// Torch's default generator per call). q [B, H, L, Dh]; k, v [B, L, H·Dh]; logits_k, logits_v
+// [B, L, k]; key_padding [B, L] bool. A checkpointed scan over chunks of `chunk` slots (0 =
+// automatic) that never forms the per-slot interests: memory O(L·k + (L/chunk)·k·D) plus one
+// chunk's [B, chunk, chunk, k] weights, work per slot O(chunk·(D + k·H) + k·D); the backward
+// recomputes one chunk at a time. Outputs at padded slots are finite (zeros before a row's first
+// real slot); an earlier slot never reads a later one, so changing slot t leaves every slot
+// before t bit-identical.
+at::Tensor causal_interest_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& logits_k, const at::Tensor& logits_v,
+                                     const at::Tensor& key_padding, double dropout, bool training,
+                                     int64_t chunk = 0);
 
 }  // namespace seqrec::ops
