@@ -14,6 +14,7 @@
 #include <cmath>
 
 #include "models/backbone.h"
+#include "ops/dropout/dropout.h"
 #include "ops/lisa_attention/lisa_attention.h"
 
 namespace seqrec::models {
@@ -225,7 +226,7 @@ class LisaCoderImpl : public InputCoderImpl {
 class LisaAttentionImpl : public AttentionModuleImpl {
  public:
   LisaAttentionImpl(const ModelOptions& o, QuantizerImpl* codebooks)
-      : dim_(o.hidden), gamma_(std::exp(-o.lisa_decay)), codebooks_(codebooks) {
+      : dim_(o.hidden), gamma_(std::exp(-o.lisa_decay)), dropout_(o.dropout), codebooks_(codebooks) {
     const int64_t C = codebooks->books(), D = o.hidden;
     pq_ = register_parameter("proj_q", torch::empty({C, D, D}));
     pk_ = register_parameter("proj_k", torch::empty({C, D, D}));
@@ -244,7 +245,9 @@ class LisaAttentionImpl : public AttentionModuleImpl {
     TORCH_CHECK(ctx.code_weights.defined(), "LISA attention needs the input items' codes in the context");
     at::Tensor table, values;
     tables(table, values);
-    return ops::lisa_attention(ctx.code_weights, ctx.code_index, ctx.key_padding, table, values, gamma_);
+    // Dropout on the attention output (none on the weights), as in the released code.
+    return ops::dropout(ops::lisa_attention(ctx.code_weights, ctx.code_index, ctx.key_padding, table, values, gamma_),
+                        dropout_, is_training());
   }
 
  private:
@@ -278,7 +281,7 @@ class LisaAttentionImpl : public AttentionModuleImpl {
   const void* cached_codebooks_ = nullptr;
 
   int64_t dim_;
-  double gamma_;
+  double gamma_, dropout_;
   QuantizerImpl* codebooks_;  // owned by the input coder (registered there, not here)
   at::Tensor pq_, pk_, pv_;
 };
