@@ -111,6 +111,8 @@ int main(int argc, char** argv) {
     o.heads = heads;
     o.blocks = 2;
     o.interests = interests;
+    o.codebooks = codebooks;
+    o.codewords = codewords;
     std::shared_ptr<seqrec::models::SequenceModel> m = seqrec::models::make_model(o);
     m->set_training(true);
     for (auto& [name, p] : m->named_parameters()) leaves.push_back(p);

@@ -10,7 +10,7 @@ threads=${2:-1}
 bin=${ATTENTION_BENCH:-build/bench/attention_bench}
 tokens=${TOKENS:-16384}
 lengths=${LENGTHS:-"64 128 256 512 1024 2048 4096"}
-ops=${OPS:-"softmax linrec lightsans lisa model:sasrec model:linrec model:lightsans"}
+ops=${OPS:-"softmax linrec lightsans lisa model:sasrec model:linrec model:lightsans model:lisa"}
 [ -x "$bin" ] || { echo "missing $bin: build first (cmake --build build)" >&2; exit 1; }
 mkdir -p "$out"
 jsonl="$out/attention_scaling.jsonl"

@@ -307,10 +307,28 @@ int main(int argc, char** argv) {
   // OpenMP threads that spin after a parallel region take the core from OpenBLAS's own
   // threads (2.5x slower SASRec epochs at --threads 2 here). The OpenMP runtime reads its
   // wait policy when it is loaded, before main, so set it and start again once.
+  bool restart = false;
   if (!std::getenv("OMP_WAIT_POLICY")) {
     setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    execv("/proc/self/exe", argv);  // on failure, carry on with the default policy
+    restart = true;
   }
+  // OpenBLAS picks its kernels from the CPU model; on virtual machines whose CPUID model it
+  // does not know (these VMs) it falls back to SSE3 "Prescott" kernels, 8-10x slower GEMMs
+  // than the AVX-512 ones the CPU runs (docs/benchmarks.md). Name the kernel family from the
+  // CPU's features unless the user chose one; OpenBLAS reads it when it loads, so restart too.
+  if (!std::getenv("OPENBLAS_CORETYPE")) {
+    const char* core = nullptr;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+      core = "SkylakeX";
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+      core = "Haswell";
+    if (core) {
+      setenv("OPENBLAS_CORETYPE", core, 1);
+      restart = true;
+    }
+  }
+  if (restart) execv("/proc/self/exe", argv);  // on failure, carry on with the defaults
   // Keep large freed blocks in the heap instead of returning them to the OS and faulting
   // them back every step (machine-facts.md: 5.5x on large elementwise loops).
   mallopt(M_MMAP_THRESHOLD, 32 << 20);

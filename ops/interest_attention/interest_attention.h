@@ -37,11 +37,12 @@ at::Tensor interest_attention(const at::Tensor& q, const at::Tensor& keys, const
 // to rounding (and, given the same generator state, with the same dropout mask: one draw from
 // Torch's default generator per call). q [B, H, L, Dh]; k, v [B, L, H·Dh]; logits_k, logits_v
 // [B, L, k]; key_padding [B, L] bool. A checkpointed scan over chunks of `chunk` slots (0 =
-// automatic) that never forms the per-slot interests: memory O(L·k + (L/chunk)·k·D) plus one
-// chunk's [B, chunk, chunk, k] weights, work per slot O(chunk·(D + k·H) + k·D); the backward
-// recomputes one chunk at a time. Outputs at padded slots are finite (zeros before a row's first
-// real slot); an earlier slot never reads a later one, so changing slot t leaves every slot
-// before t bit-identical.
+// automatic: 16-64 by batch size) that never forms the per-slot interests: memory
+// O(L·k + (L/chunk)·k·D) plus one chunk's weights [B, chunk·(chunk+1)/2, 2k], work per slot
+// O(chunk·(D + k·H) + k·D); the backward recomputes one chunk at a time. CPU float/double
+// (elsewhere it runs the reference composition). Outputs at padded slots are finite (zeros
+// before a row's first real slot, no NaN in the gradients); an earlier slot never reads a later
+// one, so changing slot t leaves every slot before t bit-identical.
 at::Tensor causal_interest_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const at::Tensor& logits_k, const at::Tensor& logits_v,
                                      const at::Tensor& key_padding, double dropout, bool training,
