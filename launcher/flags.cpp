@@ -155,6 +155,24 @@ void print_usage(const std::string& cmd) {
   std::printf("  --flagfile=FILE\n      read flags from FILE (one --flag=value per line)\n");
 }
 
+std::string model_flags_problem(const std::string& model) {
+  // Variant options set away from their defaults for a model that does not read them would
+  // otherwise be silently ignored.
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> owners = {
+      {"interests", {"lightsans"}},       {"lightsans_position", {"lightsans"}}, {"linrec_norm", {"linrec"}},
+      {"lisa_variant", {"lisa"}},         {"codebooks", {"lisa"}},               {"codewords", {"lisa"}},
+      {"target_codebooks", {"lisa"}},     {"target_codewords", {"lisa"}},        {"lisa_temperature", {"lisa"}},
+      {"lisa_decay", {"lisa"}},           {"lisa_commitment", {"lisa"}},         {"codebook_update", {"lisa"}},
+      {"ema_decay", {"lisa"}}};
+  for (auto& [flag, models] : owners) {
+    gflags::CommandLineFlagInfo info;
+    if (!gflags::GetCommandLineFlagInfo(flag.c_str(), &info) || info.current_value == info.default_value) continue;
+    if (std::find(models.begin(), models.end(), model) == models.end())
+      return "--" + flag + " applies to --model " + models.front() + " only (this run: --model " + model + ")";
+  }
+  return "";
+}
+
 void check_flags_apply(const std::string& cmd) {
   std::vector<gflags::CommandLineFlagInfo> all;
   gflags::GetAllFlags(&all);

@@ -88,6 +88,8 @@ bool is_subcommand(const std::string& cmd);
 void print_usage(const std::string& cmd);
 // Throws std::runtime_error when a flag that was set does not apply to `cmd`.
 void check_flags_apply(const std::string& cmd);
+// "" or the first variant option changed from its default under another --model.
+std::string model_flags_problem(const std::string& model);
 // "name=value" lines of every flag `cmd` uses, sorted: the run's effective configuration.
 std::string effective_flags_text(const std::string& cmd);
 

@@ -151,6 +151,7 @@ int cmd_synth() {
 }
 
 models::ModelOptions model_options_from_flags() {
+  if (auto problem = model_flags_problem(FLAGS_model); !problem.empty()) throw UsageError(problem);
   models::ModelOptions m;
   m.model = FLAGS_model;
   m.max_len = FLAGS_max_len;
