@@ -257,7 +257,9 @@ class LisaAttentionImpl : public AttentionModuleImpl {
   void tables(at::Tensor& table, at::Tensor& values) {
     const auto& C = codebooks_->codebooks();  // [C, W, D]
     const bool cacheable = !is_training() && !at::GradMode::is_enabled();
-    const std::vector<uint32_t> version = {C._version(), pq_._version(), pk_._version(), pv_._version()};
+    // _version() is uint32_t in LibTorch 1.13 and int64_t in 2.x.
+    const std::vector<int64_t> version = {static_cast<int64_t>(C._version()), static_cast<int64_t>(pq_._version()),
+                                          static_cast<int64_t>(pk_._version()), static_cast<int64_t>(pv_._version())};
     if (cacheable && cached_table_.defined() && version == cached_version_ &&
         C.data_ptr() == cached_codebooks_) {
       table = cached_table_;
@@ -277,7 +279,7 @@ class LisaAttentionImpl : public AttentionModuleImpl {
   }
 
   at::Tensor cached_table_, cached_values_;
-  std::vector<uint32_t> cached_version_;
+  std::vector<int64_t> cached_version_;
   const void* cached_codebooks_ = nullptr;
 
   int64_t dim_;
