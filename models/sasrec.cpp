@@ -31,9 +31,16 @@ class SoftmaxAttentionImpl : public AttentionModuleImpl {
   // padding the last slot is real whenever the row has any item, so only key padding applies.
   at::Tensor forward_last(const at::Tensor& x, AttentionContext& ctx) override {
     const int64_t B = x.size(0), L = x.size(1), D = x.size(2), dh = D / heads_;
-    auto qkv = qkv_(x).view({B, L, 3, heads_, dh}).permute({2, 0, 3, 1, 4});  // 3 x [B, H, L, dh]
-    auto q = qkv[0].narrow(2, L - 1, 1);
-    auto k = qkv[1], v = qkv[2];
+    // Keys and values for every slot, the query for the last one only: rows [D, 3D) and [0, D)
+    // of the fused projection.
+    const auto& w = qkv_->weight;
+    const auto& b = qkv_->bias;
+    auto kv = torch::nn::functional::linear(x, w.narrow(0, D, 2 * D), b.narrow(0, D, 2 * D))
+                  .view({B, L, 2, heads_, dh})
+                  .permute({2, 0, 3, 1, 4});  // 2 x [B, H, L, dh]
+    auto q = torch::nn::functional::linear(x.select(1, L - 1), w.narrow(0, 0, D), b.narrow(0, 0, D))
+                 .view({B, heads_, 1, dh});
+    auto k = kv[0], v = kv[1];
     auto scores = torch::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(dh)));
     // Padded keys are masked; the last slot itself always stays visible (as in the full op).
     auto masked = ctx.key_padding.clone();

@@ -84,7 +84,8 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
                                 std::to_string(meta.num_items) + ")");
   if (protocol.sampled && protocol.popularity && !popularity)
     throw std::invalid_argument("popularity-sampled evaluation needs item popularity counts");
-  torch::NoGradGuard no_grad;
+  // Inference mode: no autograd records and no version-counter bookkeeping for the pass.
+  c10::InferenceMode inference;
   model.set_training(false);
   const int64_t N = meta.num_items, C = protocol.negatives + 1;
   // Cumulative popularity for inverse-CDF sampling.
