@@ -220,8 +220,7 @@ class BackboneModel : public SequenceModel {
     if (net_->coder()) net_->coder()->apply_statistics();
   }
   std::unique_ptr<OnlineSession> online_session() override {
-    if (!net_->coder() || !net_->coder()->supports_online())
-      throw std::invalid_argument("model '" + o_.model + "' has no constant-size online state");
+    if (!net_->coder() || !net_->coder()->supports_online()) return SequenceModel::online_session();  // throws
     return std::make_unique<BackboneSession>(net_, o_.num_items);
   }
   at::Tensor take_auxiliary_loss() override {

@@ -36,7 +36,6 @@ class QuantizerImpl : public torch::nn::Module {
       codebooks_ = register_buffer("codebooks", torch::empty({books, words, dim}));
       ema_count_ = register_buffer("ema_count", torch::ones({books, words}));
       ema_sum_ = register_buffer("ema_sum", torch::zeros({books, words, dim}));
-      ema_updates_ = register_buffer("ema_updates", torch::zeros({1}, torch::kFloat64));
       pending_count_ = torch::zeros({books, words});
       pending_sum_ = torch::zeros({books, words, dim});
     } else {
@@ -60,9 +59,8 @@ class QuantizerImpl : public torch::nn::Module {
 
   // e [N, D]; real [N] bool marks rows that count for the EMA statistics.
   Codes encode(const at::Tensor& e, const at::Tensor& real, bool collect) {
-    const int64_t N = e.size(0);
     auto r = e;
-    std::vector<at::Tensor> recon_parts, weights, index;
+    std::vector<at::Tensor> weights, index;
     at::Tensor recon = torch::zeros_like(e);
     for (int64_t b = 0; b < books_; ++b) {
       auto book = codebooks_[b];                                        // [W, D]
@@ -89,7 +87,6 @@ class QuantizerImpl : public torch::nn::Module {
       weights.push_back(w);
       index.push_back(idx);
     }
-    (void)N;
     return {recon, torch::stack(weights, 1), torch::stack(index, 1)};
   }
 
@@ -104,7 +101,6 @@ class QuantizerImpl : public torch::nn::Module {
     ema_sum_.mul_(a).add_(pending_sum_, 1 - a);
     pending_count_.zero_();
     pending_sum_.zero_();
-    ema_updates_.add_(1);
     // Dead codewords (an expected count below 1e-3) restart as a copy of the busiest codeword
     // of their codebook, nudged apart, and take half its statistics: a deterministic split, so
     // every rank makes the same choice from the same all-reduced statistics.
@@ -133,7 +129,7 @@ class QuantizerImpl : public torch::nn::Module {
   double temperature_;
   bool soft_, ema_;
   double ema_decay_;
-  at::Tensor bilinear_, codebooks_, ema_count_, ema_sum_, ema_updates_, pending_count_, pending_sum_;
+  at::Tensor bilinear_, codebooks_, ema_count_, ema_sum_, pending_count_, pending_sum_;
 };
 
 class LisaCoderImpl : public InputCoderImpl {

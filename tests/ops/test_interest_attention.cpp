@@ -15,6 +15,8 @@
 
 namespace {
 
+using seqrec::testing::padding_mask;
+
 using namespace seqrec::ops;
 
 at::Tensor naive_aggregation(const at::Tensor& x, const at::Tensor& a, const at::Tensor& pad) {
@@ -41,10 +43,6 @@ at::Tensor naive_aggregation(const at::Tensor& x, const at::Tensor& a, const at:
   return out;
 }
 
-at::Tensor left_padding(const std::vector<int64_t>& lengths, int64_t L) {
-  return seqrec::testing::padding_mask(lengths, L);
-}
-
 TEST(InterestAggregation, MatchesLoopReference) {
   torch::manual_seed(11);
   struct Case { int64_t B, L, D, K; std::vector<int64_t> lengths; double spread; };
@@ -55,7 +53,7 @@ TEST(InterestAggregation, MatchesLoopReference) {
     for (int64_t chunk : {int64_t{32}, int64_t{5}}) {
       auto x = torch::randn({c.B, c.L, c.D});
       auto a = torch::randn({c.B, c.L, c.K}) * c.spread;
-      auto pad = left_padding(c.lengths, c.L);
+      auto pad = padding_mask(c.lengths, c.L);
       auto got = causal_interest_aggregation(x, a, pad, chunk);
       ASSERT_TRUE(torch::isfinite(got).all().item<bool>()) << "L=" << c.L;
       auto want = naive_aggregation(x, a, pad);
@@ -68,7 +66,7 @@ TEST(InterestAggregation, MatchesLoopReference) {
 TEST(InterestAggregation, CausalAndPaddingIsolated) {
   torch::manual_seed(12);
   const int64_t L = 75;
-  auto pad = left_padding({75, 30}, L);
+  auto pad = padding_mask({75, 30}, L);
   auto x = torch::randn({2, L, 4}), a = torch::randn({2, L, 3});
   auto base = causal_interest_aggregation(x, a, pad);
   auto x2 = x.clone(), a2 = a.clone();
@@ -117,7 +115,7 @@ TEST(InterestAttention, MatchesLoopReference) {
 
 TEST(InterestAggregation, GradientsMatchCentralDifferences) {
   torch::manual_seed(14);
-  auto pad = left_padding({11, 6}, 11);
+  auto pad = padding_mask({11, 6}, 11);
   auto x = torch::randn({2, 11, 3}, torch::kFloat64).requires_grad_();
   auto a = (torch::randn({2, 11, 2}, torch::kFloat64) * 3).requires_grad_();
   auto w = torch::randn({2, 11, 2, 3}, torch::kFloat64);
@@ -136,7 +134,7 @@ Inputs make_inputs(int64_t B, int64_t H, int64_t L, int64_t Dh, int64_t K, const
                    double spread, torch::Dtype dtype = torch::kFloat32, bool grad = false) {
   auto o = torch::TensorOptions().dtype(dtype);
   Inputs in{torch::randn({B, H, L, Dh}, o), torch::randn({B, L, H * Dh}, o), torch::randn({B, L, H * Dh}, o),
-            torch::randn({B, L, K}, o) * spread, torch::randn({B, L, K}, o) * spread, left_padding(lengths, L)};
+            torch::randn({B, L, K}, o) * spread, torch::randn({B, L, K}, o) * spread, padding_mask(lengths, L)};
   if (grad)
     for (auto* t : {&in.q, &in.k, &in.v, &in.ak, &in.av}) t->requires_grad_();
   return in;

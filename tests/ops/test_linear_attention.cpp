@@ -13,6 +13,8 @@
 
 namespace {
 
+using seqrec::testing::padding_mask;
+
 using namespace seqrec::ops;
 
 double elu(double x) { return x >= 0 ? x : std::expm1(x); }
@@ -61,10 +63,6 @@ at::Tensor naive(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   return out;
 }
 
-at::Tensor left_padding(const std::vector<int64_t>& lengths, int64_t L) {
-  return seqrec::testing::padding_mask(lengths, L);
-}
-
 at::Tensor real_only(const at::Tensor& out, const at::Tensor& pad) {
   return out.masked_fill(pad.unsqueeze(1).unsqueeze(-1), 0.0);
 }
@@ -84,7 +82,7 @@ TEST(LinearAttention, MatchesLoopReference) {
       for (auto form : {LinrecForm::kCausal, LinrecForm::kGlobal}) {
         auto q = torch::randn({c.B, c.H, c.L, c.D}), k = torch::randn({c.B, c.H, c.L, c.D}),
              v = torch::randn({c.B, c.H, c.L, c.D});
-        auto pad = left_padding(c.lengths, c.L);
+        auto pad = padding_mask(c.lengths, c.L);
         auto got = linrec_attention(q, k, v, pad, norm, form);
         ASSERT_TRUE(torch::isfinite(got).all().item<bool>());
         auto want = naive(q, k, v, pad, norm, form);
@@ -107,7 +105,7 @@ TEST(LinearAttention, ChunkedProductIsExactForAnyChunk) {
 TEST(LinearAttention, CausalFormIgnoresFutureAndPadding) {
   torch::manual_seed(5);
   const int64_t L = 90;
-  auto pad = left_padding({90, 50}, L);
+  auto pad = padding_mask({90, 50}, L);
   auto q = torch::randn({2, 2, L, 8}), k = torch::randn({2, 2, L, 8}), v = torch::randn({2, 2, L, 8});
   for (auto norm : {LinrecNorm::kPaper, LinrecNorm::kCode}) {
     auto base = real_only(linrec_attention(q, k, v, pad, norm, LinrecForm::kCausal), pad);
@@ -133,7 +131,7 @@ TEST(LinearAttention, CausalFormIgnoresFutureAndPadding) {
 
 TEST(LinearAttention, GradientsMatchCentralDifferences) {
   torch::manual_seed(6);
-  auto pad = left_padding({9, 4}, 9);
+  auto pad = padding_mask({9, 4}, 9);
   for (auto norm : {LinrecNorm::kPaper, LinrecNorm::kCode}) {
     auto q = torch::randn({2, 1, 9, 3}, torch::kFloat64).requires_grad_();
     auto k = torch::randn({2, 1, 9, 3}, torch::kFloat64).requires_grad_();

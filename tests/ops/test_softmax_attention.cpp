@@ -7,8 +7,11 @@
 #include <limits>
 
 #include "ops/softmax_attention/softmax_attention.h"
+#include "tests/ops/op_test_util.h"
 
 namespace {
+
+using seqrec::testing::padding_mask;
 
 using seqrec::ops::causal_softmax_attention;
 
@@ -43,13 +46,6 @@ at::Tensor naive(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   return out;
 }
 
-at::Tensor left_padding(const std::vector<int64_t>& lengths, int64_t L) {
-  auto pad = torch::zeros({static_cast<int64_t>(lengths.size()), L}, torch::kBool);
-  for (size_t b = 0; b < lengths.size(); ++b)
-    for (int64_t j = 0; j < L - lengths[b]; ++j) pad[b][j] = true;
-  return pad;
-}
-
 struct Shape {
   int64_t B, H, L, D;
   std::vector<int64_t> lengths;
@@ -62,7 +58,7 @@ TEST_P(SoftmaxAttentionShapes, MatchesLoopReference) {
   torch::manual_seed(7);
   auto q = torch::randn({s.B, s.H, s.L, s.D}), k = torch::randn({s.B, s.H, s.L, s.D}),
        v = torch::randn({s.B, s.H, s.L, s.D});
-  auto pad = left_padding(s.lengths, s.L);
+  auto pad = padding_mask(s.lengths, s.L);
   auto got = causal_softmax_attention(q, k, v, pad, 0.0, false).to(torch::kFloat64);
   auto want = naive(q, k, v, pad);
   // fp32 softmax over <= 150 keys against a float64 loop: 1e-5 absolute covers rounding of
@@ -82,7 +78,7 @@ TEST(SoftmaxAttention, FutureItemsDoNotChangeEarlierOutputs) {
   torch::manual_seed(1);
   const int64_t L = 11;
   auto q = torch::randn({1, 1, L, 6}), k = torch::randn({1, 1, L, 6}), v = torch::randn({1, 1, L, 6});
-  auto pad = left_padding({8}, L);
+  auto pad = padding_mask({8}, L);
   auto base = causal_softmax_attention(q, k, v, pad, 0.0, false);
   for (int64_t t = 3; t < L; ++t) {
     auto k2 = k.clone(), v2 = v.clone(), q2 = q.clone();
@@ -98,7 +94,7 @@ TEST(SoftmaxAttention, PaddedSlotsDoNotChangeRealOutputs) {
   torch::manual_seed(2);
   const int64_t L = 10;
   auto q = torch::randn({2, 2, L, 4}), k = torch::randn({2, 2, L, 4}), v = torch::randn({2, 2, L, 4});
-  auto pad = left_padding({6, 1}, L);
+  auto pad = padding_mask({6, 1}, L);
   auto base = causal_softmax_attention(q, k, v, pad, 0.0, false);
   auto k2 = k.clone(), v2 = v.clone();
   for (int64_t b = 0; b < 2; ++b)
@@ -110,14 +106,16 @@ TEST(SoftmaxAttention, PaddedSlotsDoNotChangeRealOutputs) {
   auto out = causal_softmax_attention(q, k2, v2, pad, 0.0, false);
   for (int64_t b = 0; b < 2; ++b)
     for (int64_t j = 0; j < L; ++j)
-      if (!pad[b][j].item<bool>()) EXPECT_TRUE(torch::equal(out[b].select(1, j), base[b].select(1, j)));
+      if (!pad[b][j].item<bool>()) {
+        EXPECT_TRUE(torch::equal(out[b].select(1, j), base[b].select(1, j)));
+      }
 }
 
 TEST(SoftmaxAttention, GradientsFlowAndAreFinite) {
   torch::manual_seed(3);
   auto q = torch::randn({2, 1, 5, 3}, torch::requires_grad()), k = torch::randn({2, 1, 5, 3}, torch::requires_grad()),
        v = torch::randn({2, 1, 5, 3}, torch::requires_grad());
-  auto pad = left_padding({5, 2}, 5);
+  auto pad = padding_mask({5, 2}, 5);
   causal_softmax_attention(q, k, v, pad, 0.0, true).sum().backward();
   for (auto* t : {&q, &k, &v}) EXPECT_TRUE(torch::isfinite(t->grad()).all().item<bool>());
 }
