@@ -28,6 +28,14 @@ class LocalComm : public Comm {
     TORCH_CHECK(root == 0, "broadcast root ", root, " out of range for 1 rank");
   }
   at::Tensor all_gather(const at::Tensor& t) override { return t.unsqueeze(0).clone(); }
+  at::Tensor all_to_all(const at::Tensor& send, const std::vector<int64_t>& send_counts,
+                        std::vector<int64_t>* recv_counts) override {
+    // The same checks as under MPI, so code that passes single-process tests does not first
+    // fail (or block) when run under mpirun.
+    check_all_to_all_args(send, send_counts);
+    if (recv_counts) *recv_counts = send_counts;
+    return send.clone();  // a copy, as under MPI: the caller may overwrite `send` afterwards
+  }
   void barrier() override {}
   [[noreturn]] void abort(int code) override { std::_Exit(code); }
 };
@@ -75,6 +83,42 @@ std::string Comm::broadcast_string(const std::string& s, int root) {
   if (rank() == root) std::memcpy(buf.data_ptr<uint8_t>(), s.data(), s.size());
   broadcast(buf, root);
   return std::string(reinterpret_cast<const char*>(buf.data_ptr<uint8_t>()), len.item<int64_t>());
+}
+
+void Comm::check_all_to_all_args(const at::Tensor& send, const std::vector<int64_t>& send_counts) const {
+  auto fail = [](const std::string& what) { throw std::invalid_argument("all_to_all: " + what); };
+  if (!send.defined()) fail("send is an undefined tensor");
+  if (send.dim() == 0) fail("send is a 0-dim tensor; rows are split along dim 0, so it needs at least one dimension");
+  if (!send.is_contiguous()) fail("send must be contiguous (rows are sent as byte ranges)");
+  switch (send.scalar_type()) {
+    case at::kFloat: case at::kDouble: case at::kInt: case at::kLong: case at::kByte:
+    case at::kBool: case at::kBFloat16: case at::kHalf:
+      break;
+    default:
+      fail(std::string("unsupported dtype ") + c10::toString(send.scalar_type()) +
+           " (float32, float64, int32, int64, uint8, bool, bfloat16, float16)");
+  }
+  if (send_counts.size() != static_cast<size_t>(size()))
+    fail("send_counts has " + std::to_string(send_counts.size()) + " entries but there are " +
+         std::to_string(size()) + " ranks");
+  const int64_t rows = send.size(0);
+  for (size_t r = 0; r < send_counts.size(); ++r)
+    if (send_counts[r] < 0)
+      fail("send_counts[" + std::to_string(r) + "] = " + std::to_string(send_counts[r]) + " is negative");
+  int64_t sum = 0;
+  for (auto c : send_counts) {
+    // Compared before adding so that huge counts cannot overflow the running sum.
+    if (c > rows - sum) {
+      sum = -1;
+      break;
+    }
+    sum += c;
+  }
+  if (sum != rows) {
+    std::string list;
+    for (auto c : send_counts) list += (list.empty() ? "" : ",") + std::to_string(c);
+    fail("send_counts [" + list + "] do not sum to the " + std::to_string(rows) + " rows of send");
+  }
 }
 
 std::unique_ptr<Comm> make_local_comm() { return std::make_unique<LocalComm>(); }

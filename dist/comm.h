@@ -27,6 +27,23 @@ class Comm {
   virtual void broadcast(at::Tensor& t, int root) = 0;
   // Returns a tensor of shape [size(), *t.shape] holding every rank's t.
   virtual at::Tensor all_gather(const at::Tensor& t) = 0;
+  // Variable-count all-to-all, the dispatch (and, called back with the received counts, the
+  // combine) of expert-parallel MoE.
+  // Every rank sends rows [offset_r, offset_r + send_counts[r]) of `send` (dim 0, offsets the
+  // running sum of send_counts) to rank r, and returns the rows it receives from every rank
+  // concatenated in rank order, shape [sum(recv_counts), *send.shape[1:]], same dtype.
+  // send_counts has size() entries summing to send.size(0). The counts are exchanged first and
+  // written to *recv_counts when it is non-null. Collective: every rank calls it, each with its own counts.
+  // `send` is a contiguous tensor of at least one dimension (CPU for MPI) of dtype float32,
+  // float64, int32, int64, uint8, bool, bfloat16 or float16; every rank passes the same dtype
+  // and the same trailing shape. Rows are moved as bytes, so the result is bit-exact.
+  // Errors: a bad argument throws std::invalid_argument before this rank communicates, so
+  // like the other collectives the caller must validate collectively (if only one rank's
+  // arguments are bad the others block in the exchange). Disagreement between ranks (dtype,
+  // trailing shape) and transfers beyond MPI's int counts are detected from the exchanged
+  // counts and throw std::invalid_argument on every rank.
+  virtual at::Tensor all_to_all(const at::Tensor& send, const std::vector<int64_t>& send_counts,
+                                std::vector<int64_t>* recv_counts = nullptr) = 0;
   virtual void barrier() = 0;
   // Ends every process of the job with `code` (no hang when one rank fails).
   [[noreturn]] virtual void abort(int code) = 0;
@@ -34,6 +51,11 @@ class Comm {
   // Byte-string helpers built on the tensor collectives.
   std::vector<std::string> all_gather_string(const std::string& s);
   std::string broadcast_string(const std::string& s, int root);
+
+ protected:
+  // The argument checks of all_to_all shared by every backend (so a call that fails under
+  // MPI fails the same way in a single-process test); throws std::invalid_argument.
+  void check_all_to_all_args(const at::Tensor& send, const std::vector<int64_t>& send_counts) const;
 };
 
 // The single-process backend (rank 0 of 1): collectives are identities.

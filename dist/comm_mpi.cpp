@@ -73,6 +73,28 @@ void chunked(int64_t numel, size_t elem, F&& fn) {
   for (int64_t off = 0; off < numel; off += chunk) fn(off * elem, static_cast<int>(std::min(chunk, numel - off)));
 }
 
+// Identifies a trailing shape in the all_to_all count exchange: ranks must agree on it, and
+// one int64 per destination is cheaper than exchanging the shape itself.
+int64_t shape_fingerprint(c10::IntArrayRef sizes) {
+  uint64_t h = 1469598103934665603ull ^ sizes.size();
+  for (int64_t s : sizes) h = (h ^ static_cast<uint64_t>(s)) * 1099511628211ull;
+  return static_cast<int64_t>(h);
+}
+
+std::string shape_string(c10::IntArrayRef sizes) {
+  std::string out = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? "," : "") + std::to_string(sizes[i]);
+  return out + "]";
+}
+
+// Frees a derived datatype however the collective using it ends (MPI_CHECK throws).
+struct TypeGuard {
+  MPI_Datatype t = MPI_DATATYPE_NULL;
+  ~TypeGuard() {
+    if (t != MPI_DATATYPE_NULL) MPI_Type_free(&t);
+  }
+};
+
 class MpiComm : public Comm {
  public:
   MpiComm() {
@@ -126,6 +148,102 @@ class MpiComm : public Comm {
     if (t.numel() * size_ > INT_MAX) throw std::invalid_argument("all_gather: tensor too large");
     MPI_CHECK(MPI_Allgather(t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t), out.data_ptr(),
                             static_cast<int>(t.numel()), mpi_type(t), MPI_COMM_WORLD));
+    return out;
+  }
+  at::Tensor all_to_all(const at::Tensor& send, const std::vector<int64_t>& send_counts,
+                        std::vector<int64_t>* recv_counts) override {
+    // Argument errors throw here, before this rank takes part in any communication.
+    check_all_to_all_args(send, send_counts);
+    require_cpu_contiguous(send, "all_to_all");
+    const auto trailing = send.sizes().slice(1);
+    const int64_t row_bytes = c10::multiply_integers(trailing) * static_cast<int64_t>(send.element_size());
+
+    // One exchange carries, besides the count for each destination, what every rank must agree
+    // on (dtype, row size, trailing shape) and its total rows, so that each rank sees every
+    // other rank's values: a disagreement or an oversized call is then found by every rank
+    // and they all throw together instead of some entering MPI_Alltoallv and blocking there.
+    enum { kCount, kDtype, kRowBytes, kShape, kSendRows, kFields };
+    const int64_t shape_fp = shape_fingerprint(trailing);
+    std::vector<int64_t> mine(static_cast<size_t>(kFields) * size_), theirs(mine.size());
+    for (int r = 0; r < size_; ++r) {
+      int64_t* f = &mine[static_cast<size_t>(r) * kFields];
+      f[kCount] = send_counts[r];
+      f[kDtype] = static_cast<int64_t>(send.scalar_type());
+      f[kRowBytes] = row_bytes;
+      f[kShape] = shape_fp;
+      f[kSendRows] = send.size(0);
+    }
+    MPI_CHECK(MPI_Alltoall(mine.data(), kFields, MPI_INT64_T, theirs.data(), kFields, MPI_INT64_T, MPI_COMM_WORLD));
+    auto field = [&](int r, int k) { return theirs[static_cast<size_t>(r) * kFields + k]; };
+
+    std::vector<int64_t> counts(size_);
+    int64_t recv_rows = 0, all_rows = 0, max_send_rows = 0;
+    int max_sender = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (field(r, kDtype) != mine[kDtype] || field(r, kRowBytes) != row_bytes || field(r, kShape) != shape_fp) {
+        const auto other = static_cast<at::ScalarType>(field(r, kDtype));
+        throw std::invalid_argument(
+            "all_to_all: ranks disagree on the rows they exchange: rank " + std::to_string(r) + " sends " +
+            c10::toString(other) + " rows of " + std::to_string(field(r, kRowBytes)) + " bytes" +
+            (field(r, kShape) != shape_fp && field(r, kDtype) == mine[kDtype] ? " of another trailing shape" : "") +
+            ", rank " + std::to_string(rank_) + " (this one) " + c10::toString(send.scalar_type()) +
+            " rows of shape " + shape_string(trailing) + " (" + std::to_string(row_bytes) + " bytes)");
+      }
+      counts[r] = field(r, kCount);
+      recv_rows += counts[r];
+      all_rows += field(r, kSendRows);
+      if (field(r, kSendRows) > max_send_rows) max_send_rows = field(r, kSendRows), max_sender = r;
+    }
+    std::vector<int64_t> out_shape{recv_rows};
+    out_shape.insert(out_shape.end(), trailing.begin(), trailing.end());
+    if (row_bytes == 0) {
+      // Rows of no bytes (a zero-size trailing dimension): nothing to move, and no MPI limit
+      // applies. Every rank has the same row size (checked above), so all return here.
+      if (recv_counts) *recv_counts = std::move(counts);
+      return torch::empty(out_shape, send.options());
+    }
+
+    // MPI_Alltoallv counts and displacements are int. Counting in rows (the datatype below)
+    // rather than bytes keeps realistic calls far from INT_MAX; beyond it the caller must
+    // split the call. A rank's send offsets are below its row count, its receive offsets below
+    // its received rows: every rank checks every sender from the exchange, and the receive
+    // totals, which only their receiver knows, are compared collectively when the rows of all
+    // ranks together could exceed INT_MAX (never in practice, so normally no extra round).
+    if (max_send_rows > INT_MAX)
+      throw std::invalid_argument("all_to_all: rank " + std::to_string(max_sender) + " sends " +
+                                  std::to_string(max_send_rows) + " rows, over the MPI count limit of " +
+                                  std::to_string(INT_MAX) + " rows per rank and call; split the call");
+    if (row_bytes > INT_MAX)
+      throw std::invalid_argument("all_to_all: one row is " + std::to_string(row_bytes) +
+                                  " bytes, over the MPI limit of " + std::to_string(INT_MAX) + " bytes for a row");
+    if (all_rows > INT_MAX) {
+      int64_t max_recv_rows = recv_rows;
+      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &max_recv_rows, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+      if (max_recv_rows > INT_MAX)
+        throw std::invalid_argument("all_to_all: a rank would receive " + std::to_string(max_recv_rows) +
+                                    " rows (this rank " + std::to_string(recv_rows) +
+                                    "), over the MPI count limit of " + std::to_string(INT_MAX) +
+                                    " rows per rank and call; split the call");
+    }
+
+    auto out = torch::empty(out_shape, send.options());
+    std::vector<int> scounts(size_), sdispls(size_), rcounts(size_), rdispls(size_);
+    for (int r = 0, soff = 0, roff = 0; r < size_; ++r) {
+      scounts[r] = static_cast<int>(send_counts[r]);
+      rcounts[r] = static_cast<int>(counts[r]);
+      sdispls[r] = soff;
+      rdispls[r] = roff;
+      soff += scounts[r];
+      roff += rcounts[r];
+    }
+    // One row as the unit: a contiguous run of its bytes (the dtype does not matter to a copy,
+    // which is what makes bool and the 16-bit floats work without MPI types of their own).
+    TypeGuard row;
+    MPI_CHECK(MPI_Type_contiguous(static_cast<int>(row_bytes), MPI_BYTE, &row.t));
+    MPI_CHECK(MPI_Type_commit(&row.t));
+    MPI_CHECK(MPI_Alltoallv(send.data_ptr(), scounts.data(), sdispls.data(), row.t, out.data_ptr(), rcounts.data(),
+                            rdispls.data(), row.t, MPI_COMM_WORLD));
+    if (recv_counts) *recv_counts = std::move(counts);
     return out;
   }
   void barrier() override { MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }

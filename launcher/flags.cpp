@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "models/model.h"
+
 // Common
 DEFINE_int32(threads, 0, "intra-op threads per rank; 0 = cores / ranks on this node");
 DEFINE_string(comm, "auto", "communication backend: auto (MPI under mpirun/srun), local, mpi");
@@ -32,7 +34,7 @@ DEFINE_int64(events, 50000, "synth: number of events in total");
 DEFINE_int32(clusters, 0, "synth: item clusters with Markov transitions; 0 = sqrt(items)");
 // train / eval
 DEFINE_string(data, "", "dataset directory made by 'seqrec prepare' or 'seqrec synth'");
-DEFINE_string(model, "sasrec", "model: sasrec | lisa | lightsans | linrec");
+DEFINE_string(model, "sasrec", "model: sasrec | lisa | lightsans | linrec | routing");
 DEFINE_int64(max_len, 200, "most recent items kept per sequence");
 DEFINE_int64(hidden, 50, "hidden size d");
 DEFINE_int64(blocks, 2, "attention blocks");
@@ -55,6 +57,13 @@ DEFINE_double(lisa_decay, 0.1, "lisa: histogram decay rate, gamma = exp(-rate); 
 DEFINE_double(lisa_commitment, 0.0, "lisa: inputs-optimize weight (||e - sg(x_hat)||^2 per item)");
 DEFINE_string(codebook_update, "grad", "lisa: grad (back-propagation) | ema (moving averages, all-reduced)");
 DEFINE_double(ema_decay, 0.99, "lisa: EMA decay of the codebook statistics");
+DEFINE_int64(routing_heads, 1, "routing: heads that route by k-means (the other --heads attend locally)");
+DEFINE_int64(routing_clusters, 0, "routing: k-means centroids K per routing head; 0 = round(sqrt(max_len))");
+DEFINE_int64(routing_window, 0, "routing: keys W each cluster takes from the prefix; 0 = ceil(max_len / K)");
+DEFINE_int64(routing_chunk, 0, "routing: slots per causal routing chunk S; 0 = routing window");
+DEFINE_int64(local_window, 0, "routing: keys a local head sees (itself included); 0 = 2 x routing chunk");
+DEFINE_double(routing_decay, 0.999, "routing: EMA decay of the centroid statistics (all-reduced)");
+DEFINE_double(routing_commitment, 1e-4, "routing: weight of the commitment term ||r - sg(mu)||^2");
 DEFINE_string(loss, "bce", "bce (one sampled negative per position) | ce (softmax over all items)");
 DEFINE_double(lr, 1e-3, "Adam learning rate");
 DEFINE_double(beta1, 0.9, "Adam beta1");
@@ -77,6 +86,9 @@ DEFINE_int64(eval_batch, 64, "users scored per forward pass in evaluation");
 DEFINE_string(resume, "", "'auto' (newest complete checkpoint in --out), a checkpoint directory, or empty");
 DEFINE_int64(checkpoint_every, 0, "also checkpoint every N steps; 0 = at each validation only");
 DEFINE_int32(keep_checkpoints, 3, "complete checkpoints kept");
+DEFINE_int64(replica_check_every, 100,
+             "steps between checks that every rank holds the same parameters and EMA buffers "
+             "(also before each checkpoint); 0 = before checkpoints only");
 DEFINE_int64(max_steps, 0, "stop after this many optimizer steps; 0 = no limit");
 DEFINE_bool(final_test, true, "evaluate the validation-selected model on the test split at the end");
 DEFINE_double(log_every, 10, "seconds between progress lines");
@@ -97,6 +109,13 @@ struct Subcommand {
   std::vector<std::string> flags;
 };
 
+// "train" takes every model option of models::model_option_table() between these.
+std::vector<std::string> train_flags(std::vector<std::string> before, const std::vector<std::string>& after) {
+  for (auto& opt : models::model_option_table()) before.push_back(opt.key);
+  before.insert(before.end(), after.begin(), after.end());
+  return before;
+}
+
 const std::map<std::string, Subcommand>& subcommands() {
   static const std::map<std::string, Subcommand> table = {
       {"prepare",
@@ -108,14 +127,11 @@ const std::map<std::string, Subcommand>& subcommands() {
         {"out", "users", "items", "events", "seed", "shards", "clusters", "progress"}}},
       {"train",
        {"train a model (data parallel under mpirun), validate, checkpoint, test the selected model",
-        {"data", "out", "model", "max_len", "hidden", "blocks", "heads", "dropout", "norm_first", "ffn_inner",
-         "ffn_activation", "interests", "lightsans_position", "linrec_norm", "lisa_variant", "codebooks", "codewords",
-         "target_codebooks", "target_codewords", "lisa_temperature", "lisa_decay", "lisa_commitment",
-         "codebook_update", "ema_decay", "loss", "lr",
+        train_flags({"data", "out"}, {"loss", "lr",
          "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm", "warmup_steps", "epochs", "batch_size", "eval_every",
          "patience", "select_metric", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",
-         "full_ranking", "eval_batch", "resume", "checkpoint_every", "keep_checkpoints", "max_steps",
-         "final_test", "log_every", "prefetch", "length_groups", "seed", "comm"}}},
+         "full_ranking", "eval_batch", "resume", "checkpoint_every", "keep_checkpoints", "replica_check_every", "max_steps",
+         "final_test", "log_every", "prefetch", "length_groups", "seed", "comm"})}},
       {"eval",
        {"evaluate a checkpoint on the valid or test split",
         {"checkpoint", "data", "split", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",
@@ -158,17 +174,12 @@ void print_usage(const std::string& cmd) {
 std::string model_flags_problem(const std::string& model) {
   // Variant options set away from their defaults for a model that does not read them would
   // otherwise be silently ignored.
-  static const std::vector<std::pair<std::string, std::vector<std::string>>> owners = {
-      {"interests", {"lightsans"}},       {"lightsans_position", {"lightsans"}}, {"linrec_norm", {"linrec"}},
-      {"lisa_variant", {"lisa"}},         {"codebooks", {"lisa"}},               {"codewords", {"lisa"}},
-      {"target_codebooks", {"lisa"}},     {"target_codewords", {"lisa"}},        {"lisa_temperature", {"lisa"}},
-      {"lisa_decay", {"lisa"}},           {"lisa_commitment", {"lisa"}},         {"codebook_update", {"lisa"}},
-      {"ema_decay", {"lisa"}}};
-  for (auto& [flag, models] : owners) {
+  for (auto& opt : models::model_option_table()) {
+    if (opt.models.empty()) continue;
     gflags::CommandLineFlagInfo info;
-    if (!gflags::GetCommandLineFlagInfo(flag.c_str(), &info) || info.current_value == info.default_value) continue;
-    if (std::find(models.begin(), models.end(), model) == models.end())
-      return "--" + flag + " applies to --model " + models.front() + " only (this run: --model " + model + ")";
+    if (!gflags::GetCommandLineFlagInfo(opt.key.c_str(), &info) || info.current_value == info.default_value) continue;
+    if (std::find(opt.models.begin(), opt.models.end(), model) == opt.models.end())
+      return "--" + opt.key + " applies to --model " + opt.models.front() + " only (this run: --model " + model + ")";
   }
   return "";
 }

@@ -30,27 +30,9 @@ DECLARE_int32(clusters);
 // train / eval
 DECLARE_string(data);
 DECLARE_string(model);
+// The model options (models::model_option_table()) are defined in flags.cpp and read
+// through the table; only the ones the launcher uses directly are declared here.
 DECLARE_int64(max_len);
-DECLARE_int64(hidden);
-DECLARE_int64(blocks);
-DECLARE_int64(heads);
-DECLARE_double(dropout);
-DECLARE_bool(norm_first);
-DECLARE_int64(ffn_inner);
-DECLARE_string(ffn_activation);
-DECLARE_int64(interests);
-DECLARE_string(lightsans_position);
-DECLARE_string(linrec_norm);
-DECLARE_string(lisa_variant);
-DECLARE_int64(codebooks);
-DECLARE_int64(codewords);
-DECLARE_int64(target_codebooks);
-DECLARE_int64(target_codewords);
-DECLARE_double(lisa_temperature);
-DECLARE_double(lisa_decay);
-DECLARE_double(lisa_commitment);
-DECLARE_string(codebook_update);
-DECLARE_double(ema_decay);
 DECLARE_string(loss);
 DECLARE_double(lr);
 DECLARE_double(beta1);
@@ -73,6 +55,7 @@ DECLARE_int64(eval_batch);
 DECLARE_string(resume);
 DECLARE_int64(checkpoint_every);
 DECLARE_int32(keep_checkpoints);
+DECLARE_int64(replica_check_every);
 DECLARE_int64(max_steps);
 DECLARE_bool(final_test);
 DECLARE_double(log_every);

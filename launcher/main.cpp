@@ -153,28 +153,25 @@ int cmd_synth() {
 models::ModelOptions model_options_from_flags() {
   if (auto problem = model_flags_problem(FLAGS_model); !problem.empty()) throw UsageError(problem);
   models::ModelOptions m;
-  m.model = FLAGS_model;
-  m.max_len = FLAGS_max_len;
-  m.hidden = FLAGS_hidden;
-  m.blocks = FLAGS_blocks;
-  m.heads = FLAGS_heads;
-  m.dropout = FLAGS_dropout;
-  m.norm_first = FLAGS_norm_first;
-  m.ffn_inner = FLAGS_ffn_inner;
-  m.ffn_activation = FLAGS_ffn_activation;
-  m.interests = FLAGS_interests;
-  m.lightsans_position = FLAGS_lightsans_position;
-  m.linrec_norm = FLAGS_linrec_norm;
-  m.lisa_variant = FLAGS_lisa_variant;
-  m.codebooks = FLAGS_codebooks;
-  m.codewords = FLAGS_codewords;
-  m.target_codebooks = FLAGS_target_codebooks;
-  m.target_codewords = FLAGS_target_codewords;
-  m.lisa_temperature = FLAGS_lisa_temperature;
-  m.lisa_decay = FLAGS_lisa_decay;
-  m.lisa_commitment = FLAGS_lisa_commitment;
-  m.codebook_update = FLAGS_codebook_update;
-  m.ema_decay = FLAGS_ema_decay;
+  // Every option of the model table has a flag of the same name, so the flags are read
+  // through the table; a flag whose default disagrees with ModelOptions' is a build defect
+  // that every training run (and so every e2e test) reports.
+  for (auto& opt : models::model_option_table()) {
+    gflags::CommandLineFlagInfo info;
+    if (!gflags::GetCommandLineFlagInfo(opt.key.c_str(), &info))
+      throw std::logic_error("model option --" + opt.key + " has no flag");
+    models::ModelOptions d;
+    models::set_model_option(d, opt.key, info.default_value);
+    if (models::get_model_option(d, opt.key) != opt.default_text)
+      throw std::logic_error("flag --" + opt.key + " defaults to " + info.default_value +
+                             " but ModelOptions to " + opt.default_text);
+    const std::string& value = info.current_value;
+    try {
+      models::set_model_option(m, opt.key, value);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+  }
   m.init_seed = FLAGS_seed;
   m.num_items = 1;  // replaced by the dataset's count; validated here for the other fields
   try {
@@ -200,6 +197,7 @@ int cmd_train(dist::Comm& comm) {
   require(FLAGS_patience >= 0, "--patience must be >= 0 (0 = no early stopping)");
   require(FLAGS_loss == "bce" || FLAGS_loss == "ce", "--loss must be 'bce' or 'ce', got '" + FLAGS_loss + "'");
   require(FLAGS_keep_checkpoints > 0, "--keep_checkpoints must be > 0");
+  require(FLAGS_replica_check_every >= 0, "--replica_check_every must be >= 0");
   require(FLAGS_checkpoint_every >= 0 && FLAGS_max_steps >= 0 && FLAGS_warmup_steps >= 0,
           "--checkpoint_every, --max_steps and --warmup_steps must be >= 0");
   const std::set<std::string> metrics = {"HR@5", "HR@10", "HR@20", "NDCG@5", "NDCG@10", "NDCG@20",
@@ -233,6 +231,7 @@ int cmd_train(dist::Comm& comm) {
   o.resume = FLAGS_resume;
   o.checkpoint_every = FLAGS_checkpoint_every;
   o.keep_checkpoints = FLAGS_keep_checkpoints;
+  o.replica_check_every = FLAGS_replica_check_every;
   o.max_steps = FLAGS_max_steps;
   o.final_test = FLAGS_final_test;
   o.log_every_seconds = FLAGS_log_every;

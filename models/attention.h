@@ -26,9 +26,13 @@ class AttentionModuleImpl : public torch::nn::Module {
   // Variant-specific initialisation after the backbone's generic one (Xavier matrices, zero
   // biases), drawing from `gen` so that every rank starts identical.
   virtual void initialise(at::Generator& gen) { (void)gen; }
-  // Modules with EMA statistics expose them here so dist can all-reduce them before
-  // the update (none for softmax attention).
-  virtual std::vector<at::Tensor> ema_statistics() { return {}; }
+  // Statistics-driven state (Routing's EMA centroids), as for InputCoderImpl below: sums of
+  // the training forwards since the last update, all-reduced across ranks by the trainer,
+  // then apply_statistics(); fixed shapes, so a rank without a forward still takes part.
+  virtual std::vector<at::Tensor> pending_statistics() { return {}; }
+  virtual void apply_statistics() {}
+  // Loss terms accumulated by training forwards since the last call (summed over items).
+  virtual at::Tensor take_auxiliary_loss() { return {}; }
 };
 
 // Optional front end of the backbone: turns the scaled item embeddings of the input into the

@@ -213,18 +213,32 @@ class BackboneModel : public SequenceModel {
     return out;
   }
   void set_training(bool on) override { net_->train(on); }
+  // The coder's statistics first, then each block's attention's, in a fixed order on
+  // every rank.
   std::vector<at::Tensor> pending_statistics() override {
-    return net_->coder() ? net_->coder()->pending_statistics() : std::vector<at::Tensor>{};
+    std::vector<at::Tensor> out;
+    if (net_->coder()) out = net_->coder()->pending_statistics();
+    for (auto& b : net_->blocks()) {
+      auto s = b->attention().pending_statistics();
+      out.insert(out.end(), s.begin(), s.end());
+    }
+    return out;
   }
   void apply_statistics() override {
     if (net_->coder()) net_->coder()->apply_statistics();
+    for (auto& b : net_->blocks()) b->attention().apply_statistics();
   }
   std::unique_ptr<OnlineSession> online_session() override {
     if (!net_->coder() || !net_->coder()->supports_online()) return SequenceModel::online_session();  // throws
     return std::make_unique<BackboneSession>(net_, o_.num_items);
   }
   at::Tensor take_auxiliary_loss() override {
-    return net_->coder() ? net_->coder()->take_auxiliary_loss() : at::Tensor();
+    at::Tensor total = net_->coder() ? net_->coder()->take_auxiliary_loss() : at::Tensor();
+    for (auto& b : net_->blocks()) {
+      auto a = b->attention().take_auxiliary_loss();
+      if (a.defined()) total = total.defined() ? total + a : a;
+    }
+    return total;
   }
   const ModelOptions& options() const override { return o_; }
 

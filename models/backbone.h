@@ -30,5 +30,6 @@ std::unique_ptr<SequenceModel> make_sasrec(const ModelOptions& options);
 std::unique_ptr<SequenceModel> make_linrec(const ModelOptions& options);
 std::unique_ptr<SequenceModel> make_lightsans(const ModelOptions& options);
 std::unique_ptr<SequenceModel> make_lisa(const ModelOptions& options);
+std::unique_ptr<SequenceModel> make_routing(const ModelOptions& options);
 
 }  // namespace seqrec::models

@@ -1,10 +1,12 @@
 // The model registry, option validation and model signatures.
 #include "models/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <sstream>
 #include <stdexcept>
+#include <variant>
 
 #include "models/backbone.h"
 
@@ -17,7 +19,8 @@ struct Entry {
 };
 const std::vector<Entry>& registry() {
   static const std::vector<Entry> table = {
-      {"sasrec", make_sasrec}, {"lisa", make_lisa}, {"lightsans", make_lightsans}, {"linrec", make_linrec}};
+      {"sasrec", make_sasrec},   {"lisa", make_lisa},       {"lightsans", make_lightsans},
+      {"linrec", make_linrec},   {"routing", make_routing}};
   return table;
 }
 
@@ -85,60 +88,155 @@ void validate(const ModelOptions& o) {
   }
   if (o.model == "linrec" && o.linrec_norm != "paper" && o.linrec_norm != "code")
     fail("unknown linrec_norm '" + o.linrec_norm + "' (known: paper, code)");
+  if (o.model == "routing") {
+    if (o.routing_heads < 1 || o.routing_heads > o.heads)
+      fail("routing_heads must be in [1, heads = " + std::to_string(o.heads) + "], got " +
+           std::to_string(o.routing_heads));
+    if (o.routing_clusters < 0) fail("routing_clusters must be >= 0 (0 = sqrt(max_len)), got " + std::to_string(o.routing_clusters));
+    if (o.routing_window < 0) fail("routing_window must be >= 0 (0 = max_len / clusters), got " + std::to_string(o.routing_window));
+    if (o.routing_chunk < 0) fail("routing_chunk must be >= 0 (0 = routing_window), got " + std::to_string(o.routing_chunk));
+    if (o.local_window < 0) fail("local_window must be >= 0 (0 = 2 routing_chunk), got " + std::to_string(o.local_window));
+    if (!(o.routing_decay > 0 && o.routing_decay < 1))
+      fail("routing_decay must be in (0, 1), got " + std::to_string(o.routing_decay));
+    if (!(o.routing_commitment >= 0)) fail("routing_commitment must be >= 0, got " + std::to_string(o.routing_commitment));
+  }
+}
+
+RoutingSizes routing_sizes(const ModelOptions& o) {
+  RoutingSizes r;
+  r.clusters = o.routing_clusters > 0
+                   ? o.routing_clusters
+                   : std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(o.max_len))));
+  r.window = o.routing_window > 0 ? o.routing_window : (o.max_len + r.clusters - 1) / r.clusters;
+  r.chunk = o.routing_chunk > 0 ? o.routing_chunk : r.window;
+  r.local_window = o.local_window > 0 ? o.local_window : 2 * r.chunk;
+  return r;
+}
+
+namespace {
+
+using Member = std::variant<int64_t ModelOptions::*, double ModelOptions::*, bool ModelOptions::*,
+                            std::string ModelOptions::*>;
+struct Field {
+  const char* key;
+  std::vector<std::string> models;  // empty = every model
+  Member member;
+  // When set, the key is in a signature only where it has an effect (the key still parses).
+  bool (*relevant)(const ModelOptions&) = nullptr;
+  bool flag = true;  // false: set by the launcher from elsewhere (num_items from the dataset)
+};
+
+const std::vector<Field>& fields() {
+  using O = ModelOptions;
+  static const std::vector<Field> table = {
+      {"model", {}, &O::model},
+      {"num_items", {}, &O::num_items, nullptr, false},
+      {"max_len", {}, &O::max_len},
+      {"hidden", {}, &O::hidden},
+      {"blocks", {}, &O::blocks},
+      {"heads", {}, &O::heads},
+      {"dropout", {}, &O::dropout},
+      {"norm_first", {}, &O::norm_first},
+      {"layer_norm_eps", {}, &O::layer_norm_eps, nullptr, false},
+      {"ffn_inner", {}, &O::ffn_inner},
+      {"ffn_activation", {}, &O::ffn_activation},
+      {"interests", {"lightsans"}, &O::interests},
+      {"lightsans_position", {"lightsans"}, &O::lightsans_position},
+      {"linrec_norm", {"linrec"}, &O::linrec_norm},
+      {"lisa_variant", {"lisa"}, &O::lisa_variant},
+      {"codebooks", {"lisa"}, &O::codebooks},
+      {"codewords", {"lisa"}, &O::codewords},
+      {"lisa_temperature", {"lisa"}, &O::lisa_temperature},
+      {"lisa_decay", {"lisa"}, &O::lisa_decay},
+      {"lisa_commitment", {"lisa"}, &O::lisa_commitment},
+      {"codebook_update", {"lisa"}, &O::codebook_update},
+      {"ema_decay", {"lisa"}, &O::ema_decay, [](const O& o) { return o.codebook_update == "ema"; }},
+      {"target_codebooks", {"lisa"}, &O::target_codebooks, [](const O& o) { return o.lisa_variant == "mini"; }},
+      {"target_codewords", {"lisa"}, &O::target_codewords, [](const O& o) { return o.lisa_variant == "mini"; }},
+      {"routing_heads", {"routing"}, &O::routing_heads},
+      {"routing_clusters", {"routing"}, &O::routing_clusters},
+      {"routing_window", {"routing"}, &O::routing_window},
+      {"routing_chunk", {"routing"}, &O::routing_chunk},
+      {"local_window", {"routing"}, &O::local_window},
+      {"routing_decay", {"routing"}, &O::routing_decay},
+      {"routing_commitment", {"routing"}, &O::routing_commitment},
+  };
+  return table;
+}
+
+const Field& field(const std::string& key) {
+  for (auto& f : fields())
+    if (key == f.key) return f;
+  throw std::invalid_argument("unknown model option '" + key + "'");
+}
+
+bool applies(const Field& f, const ModelOptions& o) {
+  return (f.models.empty() || std::find(f.models.begin(), f.models.end(), o.model) != f.models.end()) &&
+         (!f.relevant || f.relevant(o));
+}
+
+}  // namespace
+
+const std::vector<ModelOptionInfo>& model_option_table() {
+  static const std::vector<ModelOptionInfo> table = [] {
+    std::vector<ModelOptionInfo> out;
+    const ModelOptions defaults;
+    for (auto& f : fields())
+      if (f.flag) out.push_back({f.key, f.models, get_model_option(defaults, f.key)});
+    return out;
+  }();
+  return table;
+}
+
+void set_model_option(ModelOptions& o, const std::string& key, const std::string& value) {
+  const Field& f = field(key);
+  auto bad = [&] { return std::invalid_argument("model option " + key + ": bad value '" + value + "'"); };
+  try {
+    size_t used = 0;
+    if (auto m = std::get_if<int64_t ModelOptions::*>(&f.member)) {
+      o.*(*m) = std::stoll(value, &used);
+    } else if (auto d = std::get_if<double ModelOptions::*>(&f.member)) {
+      o.*(*d) = std::stod(value, &used);
+    } else if (auto b = std::get_if<bool ModelOptions::*>(&f.member)) {
+      if (value != "1" && value != "0" && value != "true" && value != "false") throw bad();
+      o.*(*b) = value == "1" || value == "true";
+      used = value.size();
+    } else {
+      o.*std::get<std::string ModelOptions::*>(f.member) = value;
+      used = value.size();
+    }
+    if (used != value.size()) throw bad();
+  } catch (const std::invalid_argument&) {
+    throw bad();
+  } catch (const std::out_of_range&) {
+    throw bad();
+  }
+}
+
+std::string get_model_option(const ModelOptions& o, const std::string& key) {
+  const Field& f = field(key);
+  std::ostringstream s;
+  s.precision(17);
+  if (auto m = std::get_if<int64_t ModelOptions::*>(&f.member)) s << o.*(*m);
+  else if (auto d = std::get_if<double ModelOptions::*>(&f.member)) s << o.*(*d);
+  else if (auto b = std::get_if<bool ModelOptions::*>(&f.member)) s << (o.*(*b) ? 1 : 0);
+  else s << o.*std::get<std::string ModelOptions::*>(f.member);
+  return s.str();
 }
 
 std::string model_signature(const ModelOptions& o) {
-  std::ostringstream s;
-  s.precision(17);
-  s << "model=" << o.model << "\nnum_items=" << o.num_items << "\nmax_len=" << o.max_len
-    << "\nhidden=" << o.hidden << "\nblocks=" << o.blocks << "\nheads=" << o.heads
-    << "\ndropout=" << o.dropout << "\nnorm_first=" << (o.norm_first ? 1 : 0)
-    << "\nlayer_norm_eps=" << o.layer_norm_eps << "\nffn_inner=" << o.ffn_inner
-    << "\nffn_activation=" << o.ffn_activation << "\n";
-  if (o.model == "lightsans")
-    s << "interests=" << o.interests << "\nlightsans_position=" << o.lightsans_position << "\n";
-  if (o.model == "linrec") s << "linrec_norm=" << o.linrec_norm << "\n";
-  if (o.model == "lisa") {
-    s << "lisa_variant=" << o.lisa_variant << "\ncodebooks=" << o.codebooks << "\ncodewords=" << o.codewords
-      << "\nlisa_temperature=" << o.lisa_temperature << "\nlisa_decay=" << o.lisa_decay
-      << "\nlisa_commitment=" << o.lisa_commitment << "\ncodebook_update=" << o.codebook_update << "\n";
-    if (o.codebook_update == "ema") s << "ema_decay=" << o.ema_decay << "\n";
-    if (o.lisa_variant == "mini")
-      s << "target_codebooks=" << o.target_codebooks << "\ntarget_codewords=" << o.target_codewords << "\n";
-  }
-  return s.str();
+  std::string s;
+  for (auto& f : fields())
+    if (applies(f, o)) s += std::string(f.key) + "=" + get_model_option(o, f.key) + "\n";
+  return s;
 }
 
 ModelOptions parse_model_signature(const std::string& text) {
   ModelOptions o;
   for (auto& [k, v] : signature_fields(text)) {
     try {
-      if (k == "model") o.model = v;
-      else if (k == "num_items") o.num_items = std::stoll(v);
-      else if (k == "max_len") o.max_len = std::stoll(v);
-      else if (k == "hidden") o.hidden = std::stoll(v);
-      else if (k == "blocks") o.blocks = std::stoll(v);
-      else if (k == "heads") o.heads = std::stoll(v);
-      else if (k == "dropout") o.dropout = std::stod(v);
-      else if (k == "norm_first") o.norm_first = v == "1";
-      else if (k == "layer_norm_eps") o.layer_norm_eps = std::stod(v);
-      else if (k == "ffn_inner") o.ffn_inner = std::stoll(v);
-      else if (k == "ffn_activation") o.ffn_activation = v;
-      else if (k == "interests") o.interests = std::stoll(v);
-      else if (k == "lightsans_position") o.lightsans_position = v;
-      else if (k == "linrec_norm") o.linrec_norm = v;
-      else if (k == "lisa_variant") o.lisa_variant = v;
-      else if (k == "codebooks") o.codebooks = std::stoll(v);
-      else if (k == "codewords") o.codewords = std::stoll(v);
-      else if (k == "target_codebooks") o.target_codebooks = std::stoll(v);
-      else if (k == "target_codewords") o.target_codewords = std::stoll(v);
-      else if (k == "lisa_temperature") o.lisa_temperature = std::stod(v);
-      else if (k == "lisa_decay") o.lisa_decay = std::stod(v);
-      else if (k == "lisa_commitment") o.lisa_commitment = std::stod(v);
-      else if (k == "codebook_update") o.codebook_update = v;
-      else if (k == "ema_decay") o.ema_decay = std::stod(v);
-      else throw std::invalid_argument("unknown key");
-    } catch (const std::exception& e) {
+      set_model_option(o, k, v);
+    } catch (const std::invalid_argument&) {
       throw std::invalid_argument("model signature: bad entry '" + k + "=" + v + "'");
     }
   }

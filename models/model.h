@@ -41,7 +41,36 @@ struct ModelOptions {
   double lisa_commitment = 0.0;       // "inputs-optimize" weight: ||e - sg(x_hat)||^2 per item
   std::string codebook_update = "grad";  // grad (back-propagation) | ema (moving averages)
   double ema_decay = 0.99;
+  // routing (Routing Transformer attention, causal; see ops/routing_attention)
+  int64_t routing_heads = 1;         // heads that route by k-means; the other heads are local
+  int64_t routing_clusters = 0;      // K centroids per routing head; 0 = round(sqrt(max_len))
+  int64_t routing_window = 0;        // W keys each cluster takes; 0 = ceil(max_len / K)
+  int64_t routing_chunk = 0;         // S slots per causal routing chunk; 0 = W
+  int64_t local_window = 0;          // keys a local head sees (itself included); 0 = 2 S
+  double routing_decay = 0.999;      // EMA decay of the centroid statistics
+  double routing_commitment = 1e-4;  // weight of ||r - sg(mu)||^2 per routed item and head
 };
+
+// The routing sizes with the automatic (0) values resolved.
+struct RoutingSizes {
+  int64_t clusters, window, chunk, local_window;
+};
+RoutingSizes routing_sizes(const ModelOptions& options);
+
+// The option table: every ModelOptions field a user sets, under one key that is both its
+// launcher flag and its signature name, with the models that read it (empty: all models).
+// The launcher reads each key's flag through this table and rejects a variant's option set
+// away from its default under another --model; signatures list the keys of the run's model.
+struct ModelOptionInfo {
+  std::string key;
+  std::vector<std::string> models;  // empty = every model
+  std::string default_text;         // ModelOptions{}'s value as text (flags must agree)
+};
+const std::vector<ModelOptionInfo>& model_option_table();
+// Sets one option from text ("true"/"false"/"1"/"0" for booleans); throws
+// std::invalid_argument naming the key and value when either is bad.
+void set_model_option(ModelOptions& options, const std::string& key, const std::string& value);
+std::string get_model_option(const ModelOptions& options, const std::string& key);
 
 // Model-affecting options as "key=value" lines (a variant's own keys only for that variant);
 // stored in checkpoints and compared on load.

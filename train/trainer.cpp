@@ -319,7 +319,16 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   TrainSummary summary;
   int64_t last_saved_step = resume_from ? p.step : -1;
   const int64_t steps_per_epoch = loader.steps_per_epoch();
+  // Parameters and statistics-driven buffers (EMA centroids and codebooks) must be equal on
+  // every rank; a rank that diverged would otherwise go unnoticed until its checkpoint.
+  auto check_replicas = [&](const std::string& when) {
+    if (world == 1) return;
+    auto state = model->named_parameters();
+    for (auto& b : model->named_buffers()) state.push_back(b);
+    dist::check_replicas_identical(comm, state, when);
+  };
   auto save_checkpoint = [&] {
+    check_replicas("before the checkpoint at step " + std::to_string(p.step));
     ckpt.save(p.step, make_snapshot(*model, adam, loader.cursor(), p, o, world),
               TensorBundle{{{"rng/cpu", generator_state()}}, {}});
     last_saved_step = p.step;
@@ -416,6 +425,8 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
       model->apply_statistics();
     }
     ++p.step;
+    if (o.replica_check_every > 0 && p.step % o.replica_check_every == 0)
+      check_replicas("at step " + std::to_string(p.step));
     p.train_seconds += seconds_since(t_step);
     loss_acc += local_loss;
     targets_acc += local_targets;

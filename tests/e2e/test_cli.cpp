@@ -52,12 +52,13 @@ std::map<std::string, at::Tensor> params_of(const std::string& checkpoint_dir) {
   return out;
 }
 
-std::string newest_checkpoint(const std::string& run) {
-  std::string best;
+// The newest (or the oldest kept) complete checkpoint of a run.
+std::string newest_checkpoint(const std::string& run, bool oldest = false) {
+  std::string pick;
   for (auto& e : fs::directory_iterator(run + "/checkpoints"))
     if (e.path().filename().string().rfind("step-", 0) == 0 && fs::exists(e.path() / "COMPLETE"))
-      best = std::max(best, e.path().string());
-  return best;
+      pick = pick.empty() ? e.path().string() : oldest ? std::min(pick, e.path().string()) : std::max(pick, e.path().string());
+  return pick;
 }
 
 TEST_F(Cli, TrainsEvaluatesAndReportsProtocols) {
@@ -147,6 +148,30 @@ TEST_F(Cli, ResumeContinuesTheEmaCodebooksExactly) {
     codebooks += n.find("buffer/") == 0 && n.find("codebooks") != std::string::npos;
   }
   EXPECT_EQ(codebooks, 1) << "the EMA codebooks must be checkpointed";
+}
+
+// Routing attention's k-means centroids are EMA buffers too: saved, restored, continued exactly.
+TEST_F(Cli, ResumeContinuesTheRoutingCentroidsExactly) {
+  const std::string a = dir("routing-a"), b = dir("routing-b");
+  const std::string common = "train --data " + data() + " " + kTrainSmall +
+                             "--epochs 5 --final_test=false --model routing --blocks 2 --heads 2 --routing_clusters 3 "
+                             "--routing_decay 0.8 ";
+  ASSERT_EQ(run_seqrec(common + "--out " + a + " --max_steps 12", 300).code, 0);
+  ASSERT_EQ(run_seqrec(common + "--out " + b + " --max_steps 5", 300).code, 0);
+  auto second = run_seqrec(common + "--out " + b + " --max_steps 12 --resume auto", 300);
+  ASSERT_EQ(second.code, 0) << second.output;
+  auto pa = params_of(newest_checkpoint(a)), pb = params_of(newest_checkpoint(b)),
+       start = params_of(newest_checkpoint(b, /*oldest=*/true));
+  ASSERT_EQ(pa.size(), pb.size());
+  int centroids = 0;
+  for (auto& [n, t] : pa) {
+    EXPECT_TRUE(torch::equal(t, pb.at(n))) << n << " differs after resume";
+    if (n.find("buffer/") == 0 && n.find("centroids") != std::string::npos) {
+      ++centroids;
+      EXPECT_FALSE(torch::equal(t, start.at(n))) << n << " did not move between steps 5 and 12";
+    }
+  }
+  EXPECT_EQ(centroids, 2) << "each block's centroids must be checkpointed";
 }
 
 TEST_F(Cli, LengthGroupsChangeTheWorkNotTheResult) {
@@ -245,7 +270,8 @@ TEST_F(Cli, KillDuringCheckpointWriteKeepsThePreviousOne) {
 TEST_F(Cli, EveryModelTrainsAndTests) {
   for (std::string m : {"linrec --linrec_norm code", "lisa --lisa_variant mini --codewords 4 --target_codewords 8",
                         "lisa --lisa_variant soft --codewords 4 --lisa_commitment 0.01", "lightsans --interests 4",
-                        "lightsans --interests 4 --lightsans_position absolute"}) {
+                        "lightsans --interests 4 --lightsans_position absolute",
+                        "routing --heads 2 --routing_clusters 3 --routing_window 4"}) {
     const std::string run = dir("model-" + std::to_string(std::hash<std::string>{}(m)));
     auto r = run_seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall + "--epochs 2 --model " + m, 120);
     EXPECT_EQ(r.code, 0) << m << "\n" << r.output;
@@ -271,6 +297,10 @@ TEST_F(Cli, InvalidFlagsGetAClearErrorAndExitCode) {
       {t + "--codewords 64", "--codewords applies to --model lisa only"},
       {t + "--model lisa --lisa_variant huge", "unknown lisa_variant 'huge'"},
       {t + "--model lisa --codewords 0", "codewords (LISA W) must be > 0"},
+      {t + "--model routing --heads 2 --routing_heads 3", "routing_heads must be in [1, heads = 2]"},
+      {t + "--model routing --routing_decay 1", "routing_decay must be in (0, 1)"},
+      {t + "--routing_clusters 8", "--routing_clusters applies to --model routing only"},
+      {t + "--replica_check_every -1", "--replica_check_every must be >= 0"},
       {t + "--loss hinge", "--loss must be"},
       {t + "--no_such_flag 1", "no_such_flag"},
       {t + "--select_metric AUC", "--select_metric"},

@@ -35,6 +35,10 @@ std::vector<Variant> variants() {
       {"lisa_base_ema", [](ModelOptions& o) {
          o.model = "lisa"; o.codebooks = 3; o.codewords = 5; o.codebook_update = "ema"; o.blocks = 1; }},
       {"linrec_code", [](ModelOptions& o) { o.model = "linrec"; o.linrec_norm = "code"; o.norm_first = false; }},
+      {"routing_local_and_routed", [](ModelOptions& o) {
+         o.model = "routing"; o.routing_clusters = 4; o.routing_window = 5; o.routing_chunk = 6; o.local_window = 7; }},
+      {"routing_all_routed_postln", [](ModelOptions& o) {
+         o.model = "routing"; o.routing_heads = 2; o.routing_clusters = 3; o.norm_first = false; }},
   };
 }
 
@@ -114,8 +118,9 @@ TEST_P(ModelContract, EveryParameterGetsAGradient) {
   for (auto& [name, p] : m->named_parameters()) {
     ASSERT_TRUE(p.grad().defined()) << name;
     EXPECT_TRUE(torch::isfinite(p.grad()).all().item<bool>()) << name;
-    if (name.find("item_emb") == std::string::npos)
+    if (name.find("item_emb") == std::string::npos) {
       EXPECT_GT(p.grad().abs().sum().item<double>(), 0.0) << name;
+    }
   }
 }
 
@@ -132,8 +137,11 @@ TEST_P(ModelContract, InitialisationFollowsTheSeed) {
     any_diff |= !torch::equal(pa[i].second, pc[i].second);
   }
   EXPECT_TRUE(any_diff);
-  for (auto& [name, t] : pa)
-    if (name == "item_emb.weight") EXPECT_EQ(t[0].abs().sum().item<double>(), 0.0) << "padding row starts at zero";
+  for (auto& [name, t] : pa) {
+    if (name == "item_emb.weight") {
+      EXPECT_EQ(t[0].abs().sum().item<double>(), 0.0) << "padding row starts at zero";
+    }
+  }
 }
 
 TEST_P(ModelContract, SignatureRoundTrips) {

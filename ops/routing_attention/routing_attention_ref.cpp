@@ -1,0 +1,159 @@
+#include "ops/routing_attention/routing_attention.h"
+
+#include "ops/dropout/dropout.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace seqrec::ops {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+void check_key_padding(const at::Tensor& key_padding, int64_t B, int64_t L) {
+  TORCH_CHECK(key_padding.dim() == 2 && key_padding.size(0) == B && key_padding.size(1) == L &&
+                  key_padding.scalar_type() == at::kBool,
+              "key_padding must be bool [B, L] = [", B, ", ", L, "]; got ", key_padding.sizes(), " ",
+              key_padding.scalar_type());
+}
+
+void check_float4(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.dim() == 4 && at::isFloatingType(x.scalar_type()), name, " must be float [B, H, L, d]; got ",
+              x.sizes(), " ", x.scalar_type());
+}
+
+}  // namespace
+
+RoutingPlan causal_balanced_routing(const at::Tensor& r, const at::Tensor& centroids,
+                                    const at::Tensor& key_padding, int64_t window, int64_t chunk) {
+  check_float4(r, "r");
+  const int64_t B = r.size(0), H = r.size(1), L = r.size(2), d = r.size(3);
+  TORCH_CHECK(centroids.dim() == 3 && centroids.size(0) == H && centroids.size(1) >= 1 && centroids.size(2) == d &&
+                  centroids.scalar_type() == r.scalar_type(),
+              "centroids must be [H, K, d] with H = ", H, ", K >= 1, d = ", d, " of r's dtype ", r.scalar_type(),
+              "; got ", centroids.sizes(), " ", centroids.scalar_type());
+  check_key_padding(key_padding, B, L);
+  TORCH_CHECK(window >= 1, "window must be >= 1, got ", window);
+  TORCH_CHECK(chunk >= 1, "chunk must be >= 1, got ", chunk);
+  const int64_t K = centroids.size(1), W = window, S = chunk;
+  auto long_opts = r.options().dtype(at::kLong);
+  if (L == 0) {
+    return {torch::zeros({B, H, 0}, long_opts), torch::zeros({B, H, 0, W}, long_opts),
+            torch::zeros({B, H, 0, W}, long_opts.dtype(at::kBool))};
+  }
+
+  torch::NoGradGuard no_grad;
+  auto scores = torch::matmul(r.detach(), centroids.detach().transpose(1, 2).unsqueeze(0));  // [B, H, L, K]
+  auto cluster = scores.argmax(-1);
+
+  // Left-pad to G whole chunks so that chunk g holds padded positions [g·S, (g+1)·S): the chunks
+  // then end at the right edge as the header defines them. Padded and prepended slots score
+  // -inf, so they can only fill candidate places that no real slot claims, and read as invalid.
+  const int64_t G = (L + S - 1) / S, P = G * S - L;
+  auto masked = scores.masked_fill(key_padding.view({B, 1, L, 1}), kNegInf);
+  auto chunks = torch::constant_pad_nd(masked, {0, 0, P, 0}, kNegInf)
+                    .view({B, H, G, S, K})
+                    .permute({0, 1, 2, 4, 3})
+                    .contiguous();  // [B, H, G, K, S]
+  // Slot index of each padded position (prepended ones clamp to 0; their score is -inf).
+  auto slots = (torch::arange(G * S, long_opts) - P).clamp_min(0).view({G, S});
+
+  // Walk the chunks left to right holding, per (b, h, cluster), the top-W of the prefix before
+  // the current chunk; each step merges one chunk into it with a topk over W + S entries.
+  auto cand_score = torch::full({B, H, K, W}, kNegInf, scores.options());
+  auto cand_slot = torch::zeros({B, H, K, W}, long_opts);
+  std::vector<at::Tensor> prefix_score, prefix_slot;
+  prefix_score.reserve(G);
+  prefix_slot.reserve(G);
+  for (int64_t g = 0; g < G; ++g) {
+    prefix_score.push_back(cand_score);
+    prefix_slot.push_back(cand_slot);
+    if (g + 1 == G) break;
+    auto merged_score = torch::cat({cand_score, chunks.select(2, g)}, -1);
+    auto merged_slot = torch::cat({cand_slot, slots[g].expand({B, H, K, S})}, -1);
+    auto top = merged_score.topk(W, -1, /*largest=*/true, /*sorted=*/false);
+    cand_score = std::get<0>(top);
+    cand_slot = merged_slot.gather(-1, std::get<1>(top));
+  }
+
+  // Query i reads the candidates of (its chunk, its cluster): row g·K + c of [B, H, G·K, W].
+  auto query_chunk = torch::div(torch::arange(L, long_opts) + P, S, "floor");
+  auto row = (query_chunk * K + cluster).unsqueeze(-1).expand({B, H, L, W});
+  auto win_score = torch::stack(prefix_score, 2).view({B, H, G * K, W}).gather(2, row);
+  auto win_slot = torch::stack(prefix_slot, 2).view({B, H, G * K, W}).gather(2, row);
+  auto valid = win_score > kNegInf;
+  return {cluster, win_slot.masked_fill(valid.logical_not(), 0), valid};
+}
+
+at::Tensor routed_attention(const at::Tensor& r, const at::Tensor& v, const RoutingPlan& plan,
+                            const at::Tensor& key_padding, double scale, double dropout, bool training) {
+  check_float4(r, "r");
+  const int64_t B = r.size(0), H = r.size(1), L = r.size(2), d = r.size(3);
+  TORCH_CHECK(v.dim() == 4 && v.size(0) == B && v.size(1) == H && v.size(2) == L &&
+                  v.scalar_type() == r.scalar_type(),
+              "v must be [B, H, L, dv] with [B, H, L] = [", B, ", ", H, ", ", L, "] of r's dtype ", r.scalar_type(),
+              "; got ", v.sizes(), " ", v.scalar_type());
+  check_key_padding(key_padding, B, L);
+  TORCH_CHECK(plan.window.defined() && plan.valid.defined(), "plan.window and plan.valid must be defined");
+  TORCH_CHECK(plan.window.dim() == 4 && plan.window.size(0) == B && plan.window.size(1) == H &&
+                  plan.window.size(2) == L && plan.window.scalar_type() == at::kLong,
+              "plan.window must be int64 [B, H, L, W] with [B, H, L] = [", B, ", ", H, ", ", L, "]; got ",
+              plan.window.sizes(), " ", plan.window.scalar_type());
+  TORCH_CHECK(plan.valid.sizes() == plan.window.sizes() && plan.valid.scalar_type() == at::kBool,
+              "plan.valid must be bool ", plan.window.sizes(), " like plan.window; got ", plan.valid.sizes(), " ",
+              plan.valid.scalar_type());
+  const int64_t W = plan.window.size(3), dv = v.size(3);
+  if (plan.window.numel() > 0) {
+    const int64_t lo = plan.window.min().item<int64_t>(), hi = plan.window.max().item<int64_t>();
+    TORCH_CHECK(lo >= 0 && hi < L, "plan.window out of range [0, L = ", L, "): min ", lo, ", max ", hi);
+  }
+
+  // One gather per operand: [B, H, L·W] rows of r and v, O(L·W·d) memory.
+  auto index = plan.window.reshape({B, H, L * W, 1});
+  auto keys = r.gather(2, index.expand({B, H, L * W, d})).view({B, H, L, W, d});
+  auto values = v.gather(2, index.expand({B, H, L * W, dv})).view({B, H, L, W, dv});
+  // The query is its own extra key (always valid, never in its window: window keys precede its
+  // chunk), so no row is empty. Mask after scaling so that any scale keeps -inf as -inf.
+  auto window_logits = torch::matmul(keys, r.unsqueeze(-1)).squeeze(-1).mul(scale);  // [B, H, L, W]
+  auto self_logit = (r * r).sum(-1, true).mul(scale);                                // [B, H, L, 1]
+  auto logits = torch::cat({window_logits.masked_fill(plan.valid.logical_not(), kNegInf), self_logit}, -1);
+  auto probs = ops::dropout(torch::softmax(logits, -1), dropout, training);
+  auto out = torch::matmul(probs.narrow(-1, 0, W).unsqueeze(-2), values).squeeze(-2) + probs.narrow(-1, W, 1) * v;
+  return out.masked_fill(key_padding.view({B, 1, L, 1}), 0.0);
+}
+
+at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& key_padding, int64_t window, double dropout, bool training) {
+  check_float4(q, "q");
+  TORCH_CHECK(k.sizes() == q.sizes() && k.scalar_type() == q.scalar_type(), "k must be ", q.sizes(), " ",
+              q.scalar_type(), " like q; got ", k.sizes(), " ", k.scalar_type());
+  TORCH_CHECK(v.sizes() == q.sizes() && v.scalar_type() == q.scalar_type(), "v must be ", q.sizes(), " ",
+              q.scalar_type(), " like q; got ", v.sizes(), " ", v.scalar_type());
+  const int64_t B = q.size(0), L = q.size(2);
+  check_key_padding(key_padding, B, L);
+  TORCH_CHECK(window >= 1, "window must be >= 1, got ", window);
+  if (L == 0) return torch::zeros_like(v);
+
+  // A band of Wn keys per query: column t holds slot i - Wn + 1 + t (the last column is i itself).
+  // Wn = min(window, L) keeps the band no wider than the sequence; the keys it drops lie before
+  // slot 0 and would be masked anyway.
+  const int64_t Wn = std::min(window, L);
+  auto band = [&](const at::Tensor& x) {  // [B, H, L, d, Wn], a view of the left-zero-padded x
+    return torch::constant_pad_nd(x, {0, 0, Wn - 1, 0}).unfold(2, Wn, 1);
+  };
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  auto logits = torch::matmul(q.unsqueeze(-2), band(k)).squeeze(-2).mul(scale);  // [B, H, L, Wn]
+  // Hidden: slots before 0 and padded slots, except the query itself.
+  auto padded = torch::cat({torch::ones({B, Wn - 1}, key_padding.options()), key_padding}, 1).unfold(1, Wn, 1);
+  auto not_self = torch::arange(Wn, q.options().dtype(at::kLong)) < Wn - 1;
+  auto hidden = padded.logical_and(not_self).unsqueeze(1);  // [B, 1, L, Wn]
+  auto probs = ops::dropout(torch::softmax(logits.masked_fill(hidden, kNegInf), -1), dropout, training);
+  auto out = torch::matmul(band(v), probs.unsqueeze(-1)).squeeze(-1);
+  return out.masked_fill(key_padding.view({B, 1, L, 1}), 0.0);
+}
+
+}  // namespace seqrec::ops
