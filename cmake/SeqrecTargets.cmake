@@ -17,7 +17,7 @@ target_precompile_headers(seqrec_pch PRIVATE <torch/torch.h>)
 
 # Tests find the CLI and the shared data through the environment.
 set(SEQREC_TEST_ENV "SEQREC_SHARED_DATA=${CMAKE_SOURCE_DIR}/../shared/data;OMP_WAIT_POLICY=PASSIVE"
-    "SEQREC_BIN=${CMAKE_BINARY_DIR}/seqrec")
+    "SEQREC_BIN=${CMAKE_BINARY_DIR}/seqrec" "SEQREC_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
 
 function(_seqrec_common target)
   target_link_libraries(${target} PUBLIC seqrec_pch)
