@@ -43,6 +43,10 @@ DEFINE_double(dropout, 0.2, "dropout rate");
 DEFINE_bool(norm_first, true, "pre-LN blocks (false: post-LN)");
 DEFINE_int64(ffn_inner, 0, "FFN hidden width; 0 = --hidden");
 DEFINE_string(ffn_activation, "relu", "FFN activation: relu | gelu");
+DEFINE_string(objective, "causal",
+              "causal (next item at every slot) | cloze (BERT4Rec-style masked items, bidirectional; "
+              "sasrec and flash4rec)");
+DEFINE_double(mask_prob, 0.2, "cloze objective: probability that a training item is masked");
 DEFINE_int64(interests, 20, "lightsans: latent interests k per layer");
 DEFINE_string(lightsans_position, "decoupled",
               "lightsans: decoupled (position branch inside attention) | absolute (LightSANs-ape)");
@@ -127,7 +131,7 @@ const std::map<std::string, Subcommand>& subcommands() {
         {"out", "users", "items", "events", "seed", "shards", "clusters", "progress"}}},
       {"train",
        {"train a model (data parallel under mpirun), validate, checkpoint, test the selected model",
-        train_flags({"data", "out"}, {"loss", "lr",
+        train_flags({"data", "out"}, {"mask_prob", "loss", "lr",
          "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm", "warmup_steps", "epochs", "batch_size", "eval_every",
          "patience", "select_metric", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",
          "full_ranking", "eval_batch", "resume", "checkpoint_every", "keep_checkpoints", "replica_check_every", "max_steps",

@@ -34,6 +34,7 @@ DECLARE_string(model);
 // through the table; only the ones the launcher uses directly are declared here.
 DECLARE_int64(max_len);
 DECLARE_string(loss);
+DECLARE_double(mask_prob);
 DECLARE_double(lr);
 DECLARE_double(beta1);
 DECLARE_double(beta2);

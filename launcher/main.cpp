@@ -197,6 +197,7 @@ int cmd_train(dist::Comm& comm) {
   require(FLAGS_patience >= 0, "--patience must be >= 0 (0 = no early stopping)");
   require(FLAGS_loss == "bce" || FLAGS_loss == "ce", "--loss must be 'bce' or 'ce', got '" + FLAGS_loss + "'");
   require(FLAGS_keep_checkpoints > 0, "--keep_checkpoints must be > 0");
+  require(FLAGS_mask_prob > 0 && FLAGS_mask_prob < 1, "--mask_prob must be in (0, 1)");
   require(FLAGS_replica_check_every >= 0, "--replica_check_every must be >= 0");
   require(FLAGS_checkpoint_every >= 0 && FLAGS_max_steps >= 0 && FLAGS_warmup_steps >= 0,
           "--checkpoint_every, --max_steps and --warmup_steps must be >= 0");
@@ -231,6 +232,7 @@ int cmd_train(dist::Comm& comm) {
   o.resume = FLAGS_resume;
   o.checkpoint_every = FLAGS_checkpoint_every;
   o.keep_checkpoints = FLAGS_keep_checkpoints;
+  o.mask_prob = FLAGS_mask_prob;
   o.replica_check_every = FLAGS_replica_check_every;
   o.max_steps = FLAGS_max_steps;
   o.final_test = FLAGS_final_test;

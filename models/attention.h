@@ -3,11 +3,16 @@
 // pulls in torch::nn, so only models/*.cpp include it.
 #include <torch/torch.h>
 
+#include "models/model.h"
+
 namespace seqrec::models {
 
 // Per-call context shared by every layer of one forward pass.
 struct AttentionContext {
   at::Tensor key_padding;  // [B, L] bool, true at padded slots
+  bool causal = true;      // false under the cloze objective: every slot sees every real slot
+  UserInput users;         // the rows' users (may be empty)
+  at::Tensor user;         // [B, Du] the backbone's user representation, when it has a user encoder
   at::Tensor bias;         // optional precomputed causal/padding mask (softmax attention)
   at::Tensor positions;    // [L, D] the position-embedding rows of this length (right-aligned),
                            // for variants that encode positions inside attention (LightSANs)
@@ -17,7 +22,9 @@ struct AttentionContext {
 
 class AttentionModuleImpl : public torch::nn::Module {
  public:
-  // x [B, L, D] -> [B, L, D]; causal; a padded slot never changes a real slot's output.
+  // x [B, L, D] -> [B, L, D]; causal unless !ctx.causal (modules that cannot attend
+  // bidirectionally are refused the cloze objective by validate()); a padded slot never
+  // changes a real slot's output.
   virtual at::Tensor forward(const at::Tensor& x, AttentionContext& ctx) = 0;
   // The output at the last slot only, [B, D]; variants override it to skip work.
   virtual at::Tensor forward_last(const at::Tensor& x, AttentionContext& ctx) {
@@ -33,6 +40,13 @@ class AttentionModuleImpl : public torch::nn::Module {
   virtual void apply_statistics() {}
   // Loss terms accumulated by training forwards since the last call (summed over items).
   virtual at::Tensor take_auxiliary_loss() { return {}; }
+};
+
+// Optional: turns the rows' users into one vector each, ctx.user [B, Du], computed once per
+// forward and read by every layer (FLASH4Rec's user-aware gate).
+class UserEncoderImpl : public torch::nn::Module {
+ public:
+  virtual at::Tensor forward(const UserInput& users, int64_t batch) = 0;
 };
 
 // Optional front end of the backbone: turns the scaled item embeddings of the input into the

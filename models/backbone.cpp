@@ -32,22 +32,24 @@ TORCH_MODULE(FeedForward);
 
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(const ModelOptions& o, std::shared_ptr<AttentionModuleImpl> attention, bool attention_reads_input)
+  BlockImpl(const ModelOptions& o, std::shared_ptr<AttentionModuleImpl> attention, bool attention_reads_input,
+            std::shared_ptr<FeedForwardModuleImpl> feed_forward)
       : norm_first_(o.norm_first) {
     auto ln = [&] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.hidden}).eps(o.layer_norm_eps)); };
     if (!norm_first_ || attention_reads_input) attn_ln_ = register_module("attn_ln", ln());
     ffn_ln_ = register_module("ffn_ln", ln());
     attn_ = register_module("attn", std::move(attention));
-    ffn_ = register_module("ffn", FeedForward(o));
+    if (feed_forward) moe_ = register_module("moe", std::move(feed_forward));
+    else ffn_ = register_module("ffn", FeedForward(o));
   }
 
   at::Tensor forward(at::Tensor x, AttentionContext& ctx) {
     if (norm_first_) {
       x = x + attn_->forward(attn_ln_ ? attn_ln_(x) : x, ctx);
-      return x + ffn_(ffn_ln_(x));
+      return x + position_wise(ffn_ln_(x), ctx);
     }
     x = attn_ln_(x + attn_->forward(x, ctx));
-    return ffn_ln_(x + ffn_(x));
+    return ffn_ln_(x + position_wise(x, ctx));
   }
 
   // The block's output at the last slot, [B, D].
@@ -55,49 +57,64 @@ class BlockImpl : public torch::nn::Module {
     auto last = x.select(1, x.size(1) - 1);
     if (norm_first_) {
       last = last + attn_->forward_last(attn_ln_ ? attn_ln_(x) : x, ctx);
-      return last + ffn_(ffn_ln_(last));
+      return last + position_wise_last(ffn_ln_(last), ctx);
     }
     last = attn_ln_(last + attn_->forward_last(x, ctx));
-    return ffn_ln_(last + ffn_(last));
+    return ffn_ln_(last + position_wise_last(last, ctx));
   }
 
   AttentionModuleImpl& attention() { return *attn_; }
+  FeedForwardModuleImpl* feed_forward() { return moe_.get(); }
 
  private:
+  at::Tensor position_wise(const at::Tensor& x, AttentionContext& ctx) { return moe_ ? moe_->forward(x, ctx) : ffn_(x); }
+  // [B, D] at the last slot: a one-slot sequence whose padding is the last slot's.
+  at::Tensor position_wise_last(const at::Tensor& last, AttentionContext& ctx) {
+    if (!moe_) return ffn_(last);
+    AttentionContext one;
+    one.key_padding = ctx.key_padding.narrow(1, ctx.key_padding.size(1) - 1, 1);
+    return moe_->forward(last.unsqueeze(1), one).squeeze(1);
+  }
+
   bool norm_first_;
   torch::nn::LayerNorm attn_ln_{nullptr}, ffn_ln_{nullptr};
   std::shared_ptr<AttentionModuleImpl> attn_;
   FeedForward ffn_{nullptr};
+  std::shared_ptr<FeedForwardModuleImpl> moe_;
 };
 TORCH_MODULE(Block);
 
 class TransformerRecImpl : public torch::nn::Module {
  public:
   TransformerRecImpl(const ModelOptions& o, const BackboneSpec& spec)
-      : o_(o), positions_at_input_(spec.positions_at_input) {
-    items_ = register_module("item_emb", torch::nn::Embedding(o.num_items + 1, o.hidden));
+      : o_(o), positions_at_input_(spec.positions_at_input), cloze_(o.objective == "cloze") {
+    // The cloze objective's [mask] item is one extra row, never scored.
+    items_ = register_module("item_emb", torch::nn::Embedding(o.num_items + 1 + (cloze_ ? 1 : 0), o.hidden));
     positions_ = register_module("pos_emb", torch::nn::Embedding(o.max_len, o.hidden));
     for (int64_t i = 0; i < o.blocks; ++i)
-      blocks_.push_back(register_module("block" + std::to_string(i), Block(o, spec.attention(i), spec.attention_reads_input)));
+      blocks_.push_back(register_module(
+          "block" + std::to_string(i),
+          Block(o, spec.attention(i), spec.attention_reads_input, spec.feed_forward ? spec.feed_forward(i) : nullptr)));
     final_ln_ = register_module(
         "final_ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.hidden}).eps(o.layer_norm_eps)));
     if (spec.input_coder) coder_ = register_module("codes", spec.input_coder);
+    if (spec.user_encoder) users_ = register_module("users", spec.user_encoder);
   }
 
-  at::Tensor encode(const at::Tensor& input) {
+  at::Tensor encode(const at::Tensor& input, const UserInput& users) {
     AttentionContext ctx;
     at::Tensor keep;
-    auto x = embed(input, ctx, keep);
+    auto x = embed(input, users, ctx, keep);
     for (auto& b : blocks_) x = b->forward(x, ctx) * keep;
     return final_ln_(x) * keep;
   }
 
   // encode(input)[:, -1]: every block but the last runs on all slots (they feed the last
   // block's keys and values); the last block computes only what the last slot needs.
-  at::Tensor encode_last(const at::Tensor& input) {
+  at::Tensor encode_last(const at::Tensor& input, const UserInput& users) {
     AttentionContext ctx;
     at::Tensor keep;
-    auto x = embed(input, ctx, keep);
+    auto x = embed(input, users, ctx, keep);
     for (size_t i = 0; i + 1 < blocks_.size(); ++i) x = blocks_[i]->forward(x, ctx) * keep;
     auto keep_last = keep.select(1, input.size(1) - 1);
     auto last = blocks_.back()->forward_last(x, ctx) * keep_last;
@@ -117,18 +134,24 @@ class TransformerRecImpl : public torch::nn::Module {
     return final_ln_(blocks_.back()->forward_last(x, ctx)).view(-1);
   }
 
-  at::Tensor item_embeddings() { return coder_ ? coder_->targets(items_->weight) : items_->weight; }
+  at::Tensor item_embeddings() {
+    auto table = cloze_ ? items_->weight.narrow(0, 0, o_.num_items + 1) : items_->weight;
+    return coder_ ? coder_->targets(table) : table;
+  }
   at::Tensor raw_item_table() { return items_->weight; }
   std::vector<Block>& blocks() { return blocks_; }
   InputCoderImpl* coder() { return coder_.get(); }
 
  private:
-  at::Tensor embed(const at::Tensor& input, AttentionContext& ctx, at::Tensor& keep) {
+  at::Tensor embed(const at::Tensor& input, const UserInput& users, AttentionContext& ctx, at::Tensor& keep) {
     TORCH_CHECK(input.dim() == 2 && input.scalar_type() == at::kLong, "input must be [B, L] int64, got ",
                 input.sizes(), " ", input.scalar_type());
     TORCH_CHECK(input.size(1) <= o_.max_len, "input length ", input.size(1), " exceeds max_len ", o_.max_len);
     const int64_t L = input.size(1);
     ctx.key_padding = input.eq(0);
+    ctx.causal = !cloze_;
+    ctx.users = users;
+    if (users_) ctx.user = users_->forward(users, input.size(0));
     keep = ctx.key_padding.logical_not().unsqueeze(-1).to(items_->weight.scalar_type());
     // Positions count from the right edge so the most recent item always has the same
     // position whatever the padding (sequences are left-padded).
@@ -140,11 +163,12 @@ class TransformerRecImpl : public torch::nn::Module {
   }
 
   ModelOptions o_;
-  bool positions_at_input_;
+  bool positions_at_input_, cloze_;
   torch::nn::Embedding items_{nullptr}, positions_{nullptr};
   std::vector<Block> blocks_;
   torch::nn::LayerNorm final_ln_{nullptr};
   std::shared_ptr<InputCoderImpl> coder_;
+  std::shared_ptr<UserEncoderImpl> users_;
 };
 
 // Xavier-normal for every matrix, zero biases, LayerNorm (1, 0), then each attention module's
@@ -199,8 +223,10 @@ class BackboneModel : public SequenceModel {
       : o_(o), net_(std::make_shared<TransformerRecImpl>(o, spec)) {
     initialise(*net_, o.init_seed);
   }
-  at::Tensor encode(const at::Tensor& input) override { return net_->encode(input); }
-  at::Tensor encode_last(const at::Tensor& input) override { return net_->encode_last(input); }
+  at::Tensor encode(const at::Tensor& input, const UserInput& users = {}) override { return net_->encode(input, users); }
+  at::Tensor encode_last(const at::Tensor& input, const UserInput& users = {}) override {
+    return net_->encode_last(input, users);
+  }
   at::Tensor item_embeddings() override { return net_->item_embeddings(); }
   NamedTensors named_parameters() override {
     NamedTensors out;
@@ -235,8 +261,9 @@ class BackboneModel : public SequenceModel {
   at::Tensor take_auxiliary_loss() override {
     at::Tensor total = net_->coder() ? net_->coder()->take_auxiliary_loss() : at::Tensor();
     for (auto& b : net_->blocks()) {
-      auto a = b->attention().take_auxiliary_loss();
-      if (a.defined()) total = total.defined() ? total + a : a;
+      for (auto a : {b->attention().take_auxiliary_loss(),
+                     b->feed_forward() ? b->feed_forward()->take_auxiliary_loss() : at::Tensor()})
+        if (a.defined()) total = total.defined() ? total + a : a;
     }
     return total;
   }

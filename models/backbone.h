@@ -14,6 +14,16 @@ namespace seqrec::models {
 
 using AttentionFactory = std::function<std::shared_ptr<AttentionModuleImpl>(int64_t layer)>;
 
+// A block's position-wise layer in place of the dense FFN (FLASH4Rec's mixture of experts):
+// x [B, L, D] -> [B, L, D], padded slots ignored; statistics and auxiliary losses as for
+// attention modules.
+class FeedForwardModuleImpl : public torch::nn::Module {
+ public:
+  virtual at::Tensor forward(const at::Tensor& x, AttentionContext& ctx) = 0;
+  virtual at::Tensor take_auxiliary_loss() { return {}; }
+};
+using FeedForwardFactory = std::function<std::shared_ptr<FeedForwardModuleImpl>(int64_t layer)>;
+
 struct BackboneSpec {
   AttentionFactory attention;
   bool positions_at_input = true;  // false: positions reach attention through ctx.positions only
@@ -21,6 +31,8 @@ struct BackboneSpec {
   // false: the attention ignores its input (LISA attends the input items' codes from the
   // context), so pre-LN blocks have no LayerNorm in front of it.
   bool attention_reads_input = true;
+  std::shared_ptr<UserEncoderImpl> user_encoder;  // optional: fills ctx.user
+  FeedForwardFactory feed_forward;                 // optional: replaces the dense FFN
 };
 
 std::unique_ptr<SequenceModel> make_backbone_model(const ModelOptions& options, BackboneSpec spec);
@@ -31,5 +43,6 @@ std::unique_ptr<SequenceModel> make_linrec(const ModelOptions& options);
 std::unique_ptr<SequenceModel> make_lightsans(const ModelOptions& options);
 std::unique_ptr<SequenceModel> make_lisa(const ModelOptions& options);
 std::unique_ptr<SequenceModel> make_routing(const ModelOptions& options);
+std::unique_ptr<SequenceModel> make_flash4rec(const ModelOptions& options);
 
 }  // namespace seqrec::models

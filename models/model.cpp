@@ -65,6 +65,10 @@ void validate(const ModelOptions& o) {
   if (o.ffn_inner < 0) fail("ffn_inner must be >= 0 (0 = hidden), got " + std::to_string(o.ffn_inner));
   if (o.ffn_activation != "relu" && o.ffn_activation != "gelu")
     fail("unknown ffn_activation '" + o.ffn_activation + "' (known: relu, gelu)");
+  if (o.objective != "causal" && o.objective != "cloze")
+    fail("unknown objective '" + o.objective + "' (known: causal, cloze)");
+  if (o.objective == "cloze" && o.model != "sasrec" && o.model != "flash4rec")
+    fail("objective cloze needs bidirectional attention: model sasrec or flash4rec, not " + o.model);
   if (o.model == "lightsans") {
     if (o.interests <= 0) fail("interests (LightSANs k) must be > 0, got " + std::to_string(o.interests));
     if (o.lightsans_position != "decoupled" && o.lightsans_position != "absolute")
@@ -116,7 +120,7 @@ RoutingSizes routing_sizes(const ModelOptions& o) {
 namespace {
 
 using Member = std::variant<int64_t ModelOptions::*, double ModelOptions::*, bool ModelOptions::*,
-                            std::string ModelOptions::*>;
+                            std::string ModelOptions::*, std::vector<int64_t> ModelOptions::*>;
 struct Field {
   const char* key;
   std::vector<std::string> models;  // empty = every model
@@ -131,6 +135,9 @@ const std::vector<Field>& fields() {
   static const std::vector<Field> table = {
       {"model", {}, &O::model},
       {"num_items", {}, &O::num_items, nullptr, false},
+      {"objective", {}, &O::objective, [](const O& o) { return o.objective != "causal"; }},
+      {"num_users", {"flash4rec"}, &O::num_users, nullptr, false},
+      {"user_feature_cardinalities", {"flash4rec"}, &O::user_feature_cardinalities, nullptr, false},
       {"max_len", {}, &O::max_len},
       {"hidden", {}, &O::hidden},
       {"blocks", {}, &O::blocks},
@@ -201,6 +208,16 @@ void set_model_option(ModelOptions& o, const std::string& key, const std::string
       if (value != "1" && value != "0" && value != "true" && value != "false") throw bad();
       o.*(*b) = value == "1" || value == "true";
       used = value.size();
+    } else if (auto v = std::get_if<std::vector<int64_t> ModelOptions::*>(&f.member)) {
+      std::vector<int64_t> out;  // "a,b,c"; "" = empty
+      for (size_t at = 0; at < value.size();) {
+        size_t n = 0;
+        out.push_back(std::stoll(value.substr(at), &n));
+        at += n;
+        if (at < value.size() && value[at++] != ',') throw bad();
+      }
+      o.*(*v) = out;
+      used = value.size();
     } else {
       o.*std::get<std::string ModelOptions::*>(f.member) = value;
       used = value.size();
@@ -220,7 +237,9 @@ std::string get_model_option(const ModelOptions& o, const std::string& key) {
   if (auto m = std::get_if<int64_t ModelOptions::*>(&f.member)) s << o.*(*m);
   else if (auto d = std::get_if<double ModelOptions::*>(&f.member)) s << o.*(*d);
   else if (auto b = std::get_if<bool ModelOptions::*>(&f.member)) s << (o.*(*b) ? 1 : 0);
-  else s << o.*std::get<std::string ModelOptions::*>(f.member);
+  else if (auto v = std::get_if<std::vector<int64_t> ModelOptions::*>(&f.member)) {
+    for (size_t i = 0; i < (o.*(*v)).size(); ++i) s << (i ? "," : "") << (o.*(*v))[i];
+  } else s << o.*std::get<std::string ModelOptions::*>(f.member);
   return s.str();
 }
 

@@ -14,6 +14,12 @@ namespace seqrec::models {
 struct ModelOptions {
   std::string model = "sasrec";
   int64_t num_items = 0;      // dense items 1..num_items; row 0 of the embedding is padding
+  // Filled from the dataset for models that read users (FLASH4Rec's user-aware gate).
+  int64_t num_users = 0;
+  std::vector<int64_t> user_feature_cardinalities;  // per categorical feature; empty = none
+  // causal: next-item prediction at every slot; cloze: BERT4Rec-style masked items with
+  // bidirectional attention (one extra [mask] item row, id num_items + 1).
+  std::string objective = "causal";
   int64_t max_len = 200;
   int64_t hidden = 50;
   int64_t blocks = 2;
@@ -86,6 +92,16 @@ void validate(const ModelOptions& options);
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
+// Who the rows of a batch belong to, for models that read it (FLASH4Rec's user-aware gate);
+// models that do not ignore it.
+struct UserInput {
+  at::Tensor ids;       // [B] int64 dense user ids (0-based)
+  at::Tensor features;  // [B, F] int64 feature codes (1..cardinality, 0 = unknown); undefined when none
+};
+
+// The id of the cloze objective's [mask] item.
+inline int64_t mask_item(const ModelOptions& o) { return o.num_items + 1; }
+
 // Incremental scoring of one user's growing history (LISA's online inference, §4.8): the state
 // is O(codebooks x codewords) whatever the history length, and each push costs the same.
 class OnlineSession {
@@ -101,12 +117,16 @@ class SequenceModel {
  public:
   virtual ~SequenceModel() = default;
   // input [B, L] int64, left-padded with 0 -> hidden states [B, L, D]; padded slots are 0.
-  virtual at::Tensor encode(const at::Tensor& input) = 0;
+  // Under the cloze objective input may hold mask_item() and attention is bidirectional.
+  virtual at::Tensor encode(const at::Tensor& input, const UserInput& users = {}) = 0;
   // Hidden state at the last slot only, [B, D] (what scoring the next item needs). Models
   // may skip work that does not reach the last slot; the result equals
   // encode(input).select(1, L - 1).
-  virtual at::Tensor encode_last(const at::Tensor& input) { return encode(input).select(1, input.size(1) - 1); }
-  // [num_items + 1, D] output item representations that hidden states are scored against.
+  virtual at::Tensor encode_last(const at::Tensor& input, const UserInput& users = {}) {
+    return encode(input, users).select(1, input.size(1) - 1);
+  }
+  // [num_items + 1, D] output item representations that hidden states are scored against
+  // (never the cloze [mask] row).
   virtual at::Tensor item_embeddings() = 0;
   virtual NamedTensors named_parameters() = 0;
   // State that is not trained by gradient but must be checkpointed (EMA statistics, ...).

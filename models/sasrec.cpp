@@ -22,13 +22,16 @@ class SoftmaxAttentionImpl : public AttentionModuleImpl {
     const int64_t B = x.size(0), L = x.size(1), D = x.size(2), dh = D / heads_;
     // [B, L, 3, H, dh] -> three [B, H, L, dh] views
     auto qkv = qkv_(x).view({B, L, 3, heads_, dh}).permute({2, 0, 3, 1, 4});
-    if (!ctx.bias.defined()) ctx.bias = ops::causal_padding_bias(ctx.key_padding, x.scalar_type());
+    if (!ctx.bias.defined())
+      ctx.bias = ctx.causal ? ops::causal_padding_bias(ctx.key_padding, x.scalar_type())
+                            : ops::padding_bias(ctx.key_padding, x.scalar_type());
     auto o = ops::causal_softmax_attention_biased(qkv[0], qkv[1], qkv[2], ctx.bias, dropout_, is_training());
     return out_(o.transpose(1, 2).reshape({B, L, D}));
   }
 
-  // Output at the last slot only: the query of slot L-1 against every key. Under left
-  // padding the last slot is real whenever the row has any item, so only key padding applies.
+  // Output at the last slot only: the query of slot L-1 against every key (the same set
+  // whether attention is causal or bidirectional). Under left padding the last slot is real
+  // whenever the row has any item, so only key padding applies.
   at::Tensor forward_last(const at::Tensor& x, AttentionContext& ctx) override {
     const int64_t B = x.size(0), L = x.size(1), D = x.size(2), dh = D / heads_;
     // Keys and values for every slot, the query for the last one only: rows [D, 3D) and [0, D)

@@ -113,10 +113,15 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
   sums["MRR"] = 0;
 
   at::Tensor table = model.item_embeddings();
+  // Cloze-trained models read the history followed by a [mask] slot whose output scores the
+  // next item (BERT4Rec's protocol).
+  const bool cloze = model.options().objective == "cloze";
+  const int64_t extra = cloze ? 1 : 0;
+  const int64_t num_features = static_cast<int64_t>(meta.user_feature_cardinalities.size());
   std::vector<uint8_t> seen(N + 1, 0);
   for (size_t b0 = 0; b0 < users.size(); b0 += options.batch_users) {
     const int64_t nb = std::min<int64_t>(options.batch_users, users.size() - b0);
-    const int64_t L = std::min(options.max_len, seqs.length(users[b0]) - history_offset);
+    const int64_t L = std::min(options.max_len, seqs.length(users[b0]) - history_offset + extra);
     auto input = torch::zeros({nb, L}, torch::kInt64);
     auto targets = torch::zeros({nb}, torch::kInt64);
     auto cands = protocol.sampled ? torch::zeros({nb, C}, torch::kInt64) : at::Tensor();
@@ -128,8 +133,9 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
       const int64_t n = seqs.length(u);
       const int64_t hist = n - history_offset;  // items before the target
       tg[r] = s[hist];
-      const int64_t count = std::min(hist, L);
-      for (int64_t j = 0; j < count; ++j) in[r * L + (L - count + j)] = s[hist - count + j];
+      const int64_t count = std::min(hist, L - extra);
+      for (int64_t j = 0; j < count; ++j) in[r * L + (L - extra - count + j)] = s[hist - count + j];
+      if (cloze) in[r * L + L - 1] = models::mask_item(model.options());
       if (protocol.sampled) {
         auto* cd = cands.data_ptr<int64_t>() + r * C;
         cd[0] = s[hist];
@@ -157,7 +163,14 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
         for (int64_t i = 0; i < n; ++i) seen[s[i]] = 0;
       }
     }
-    auto h = model.encode_last(input).contiguous();  // [nb, D]
+    models::UserInput who;
+    who.ids = torch::from_blob(const_cast<int64_t*>(users.data() + b0), {nb}, torch::kInt64).clone();
+    if (num_features > 0) {
+      auto table_f = torch::from_blob(const_cast<int32_t*>(seqs.user_features.data()),
+                                      {seqs.num_users(), num_features}, torch::kInt32);
+      who.features = table_f.index_select(0, who.ids - seqs.user_begin).to(torch::kLong);
+    }
+    auto h = model.encode_last(input, who).contiguous();  // [nb, D]
     at::Tensor scores;
     if (protocol.sampled) {
       scores = torch::bmm(table.index_select(0, cands.view({-1})).view({nb, C, -1}), h.unsqueeze(2))

@@ -106,8 +106,9 @@ void seed_generator(uint64_t seed) {
 // Loss summed over the target positions of some rows (the caller normalises by the global
 // target count).
 at::Tensor rows_loss_sum(models::SequenceModel& model, const at::Tensor& table, const at::Tensor& input,
-                         const at::Tensor& pos, const at::Tensor& neg, const std::string& kind) {
-  auto h = model.encode(input);  // [n, L, D]
+                         const models::UserInput& users, const at::Tensor& pos, const at::Tensor& neg,
+                         const std::string& kind) {
+  auto h = model.encode(input, users);  // [n, L, D]
   auto mask = pos.ne(0);
   auto hp = h.index({mask});     // [T, D]
   if (kind == "bce") {
@@ -126,10 +127,11 @@ at::Tensor rows_loss_sum(models::SequenceModel& model, const at::Tensor& table, 
 // only as wide as its longest row. Rows are independent and left-padded with positions
 // counted from the right, so dropping a slice's common padding changes nothing but the
 // work: on ML-1M at max_len 200 almost half of all slots are padding.
-at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b, const std::string& kind,
-                          int64_t groups) {
+at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b, const models::UserInput& users,
+                          const std::string& kind, int64_t groups) {
   const int64_t n = b.input.size(0), L = b.input.size(1);
-  auto lengths = b.pos.ne(0).sum(1);
+  // Widths from the inputs: under the cloze objective only the masked slots are targets.
+  auto lengths = b.input.ne(0).sum(1);
   auto order = std::get<1>(at::sort(lengths, /*stable=*/true, /*dim=*/0, /*descending=*/true));
   const auto* len = lengths.data_ptr<int64_t>();
   const auto* ord = order.data_ptr<int64_t>();
@@ -139,16 +141,74 @@ at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b,
   const auto table = model.item_embeddings();
   for (int64_t begin = 0; begin < n; begin += per_group) {
     const int64_t width = len[ord[begin]];
-    if (width == 0) break;  // the rest have no targets
+    if (width == 0) break;  // the rest have no items
     auto rows = order.narrow(0, begin, std::min(per_group, n - begin));
     auto slice = [&](const at::Tensor& t) { return t.index_select(0, rows).narrow(1, L - width, width); };
-    auto part = rows_loss_sum(model, table, slice(b.input), slice(b.pos), slice(b.neg), kind);
+    models::UserInput u;
+    if (users.ids.defined()) u.ids = users.ids.index_select(0, rows);
+    if (users.features.defined()) u.features = users.features.index_select(0, rows);
+    auto part = rows_loss_sum(model, table, slice(b.input), u, slice(b.pos), slice(b.neg), kind);
     total = total.defined() ? total + part : part;
   }
   // Model-side terms (LISA's inputs-optimize loss), summed over the same items.
   auto aux = model.take_auxiliary_loss();
   if (aux.defined() && total.defined()) total = total + aux;
   return total;
+}
+
+// The cloze (BERT4Rec-style) version of a next-item batch. Under left padding pos is the
+// whole training sequence right-aligned (pos[j] = input[j + 1], the last slot the last
+// training item), and neg[j] a negative for pos[j]. Each real slot is masked with probability
+// mask_prob, keyed by (seed, epoch, user, slot from the right) so the masks do not depend on
+// the number of ranks; a row with no masked slot gets its last slot masked. Masked slots
+// become targets; the rest are inputs only.
+io::TrainBatch cloze_batch(const io::TrainBatch& b, double mask_prob, uint64_t seed, int64_t mask_item) {
+  constexpr uint64_t kClozeTag = 0xc102e5eedull;
+  io::TrainBatch c = b;
+  c.input = b.pos.clone();
+  c.pos = torch::zeros_like(b.pos);
+  c.neg = torch::zeros_like(b.neg);
+  const int64_t n = b.pos.size(0), L = b.pos.size(1);
+  const auto* src = b.pos.data_ptr<int64_t>();
+  const auto* neg = b.neg.data_ptr<int64_t>();
+  const auto* user = b.users.data_ptr<int64_t>();
+  auto* in = c.input.data_ptr<int64_t>();
+  auto* tg = c.pos.data_ptr<int64_t>();
+  auto* ng = c.neg.data_ptr<int64_t>();
+  for (int64_t r = 0; r < n; ++r) {
+    io::KeyedRng rng(seed, kClozeTag ^ static_cast<uint64_t>(b.cursor.epoch), static_cast<uint64_t>(user[r]));
+    bool any = false;
+    for (int64_t j = L - 1; j >= 0 && src[r * L + j] != 0; --j) {
+      if (rng.uniform() >= mask_prob) continue;
+      const int64_t k = r * L + j;
+      tg[k] = src[k];
+      ng[k] = neg[k];
+      in[k] = mask_item;
+      any = true;
+    }
+    const int64_t last = r * L + L - 1;
+    if (!any && src[last] != 0) {
+      tg[last] = src[last];
+      ng[last] = neg[last];
+      in[last] = mask_item;
+    }
+  }
+  return c;
+}
+
+// The rows' users for models that read them: ids, and feature codes when the dataset has them.
+models::UserInput users_of(const at::Tensor& ids, const io::UserSequences& seqs, int64_t num_features) {
+  models::UserInput u;
+  u.ids = ids;
+  if (num_features > 0 && ids.numel() > 0) {
+    auto local = ids - seqs.user_begin;
+    auto table = torch::from_blob(const_cast<int32_t*>(seqs.user_features.data()),
+                                  {seqs.num_users(), num_features}, torch::kInt32);
+    u.features = table.index_select(0, local).to(torch::kLong);
+  } else if (num_features > 0) {
+    u.features = torch::zeros({0, num_features}, torch::kLong);
+  }
+  return u;
 }
 
 std::string fmt(double v, int precision = 4) {
@@ -233,6 +293,8 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   const io::UserSequences seqs = io::load_shards(o.data, meta, rank, world);
   models::ModelOptions mo = o.model;
   mo.num_items = meta.num_items;
+  mo.num_users = meta.num_users;
+  mo.user_feature_cardinalities = meta.user_feature_cardinalities;
   mo.max_len = o.loader.max_len;
   auto model = models::make_model(mo);
   auto named = model->named_parameters();
@@ -392,6 +454,7 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
     const auto t_step = Clock::now();
     model->set_training(true);
     io::TrainBatch batch = loader.next();
+    if (mo.objective == "cloze") batch = cloze_batch(batch, o.mask_prob, o.seed, models::mask_item(mo));
     const double local_targets = static_cast<double>(batch.pos.ne(0).sum().item<int64_t>());
     // One small all-reduce: global target count, stop flag, and rank 0's "print now".
     auto control = torch::tensor({local_targets, (o.stop_requested && o.stop_requested()) ? 1.0 : 0.0,
@@ -404,7 +467,8 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
 
     double local_loss = 0;
     if (local_targets > 0) {
-      auto loss = batch_loss_sum(*model, batch, o.loss, o.length_groups) / global_targets;
+      const auto users = users_of(batch.users, seqs, static_cast<int64_t>(meta.user_feature_cardinalities.size()));
+      auto loss = batch_loss_sum(*model, batch, users, o.loss, o.length_groups) / global_targets;
       loss.backward();
       local_loss = loss.item<double>() * global_targets;
     }

@@ -23,6 +23,7 @@ struct TrainOptions {
   models::ModelOptions model;       // num_items is filled from the dataset
   io::LoaderOptions loader;
   std::string loss = "bce";         // bce (1 negative per position) | ce (softmax over all items)
+  double mask_prob = 0.2;           // cloze objective: probability that a training item is masked
   AdamOptions adam;
   double clip_norm = 0;             // 0 = no clipping
   int64_t length_groups = 8;        // rows of a batch run in this many length-sorted, trimmed slices

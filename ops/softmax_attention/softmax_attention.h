@@ -18,7 +18,12 @@ at::Tensor causal_softmax_attention(const at::Tensor& q, const at::Tensor& k, co
 // elsewhere. Exposed for tests and for callers that reuse one mask across layers.
 at::Tensor causal_padding_bias(const at::Tensor& key_padding, at::ScalarType dtype);
 
-// Same as above with a precomputed bias from causal_padding_bias.
+// The bidirectional mask (BERT4Rec-style cloze training): every real key, and the query's
+// own slot, visible to every query; [B, 1, L, L].
+at::Tensor padding_bias(const at::Tensor& key_padding, at::ScalarType dtype);
+
+// Same as above with a precomputed bias from causal_padding_bias (or padding_bias, which
+// makes the attention bidirectional).
 at::Tensor causal_softmax_attention_biased(const at::Tensor& q, const at::Tensor& k,
                                            const at::Tensor& v, const at::Tensor& bias,
                                            double dropout, bool training);

@@ -9,18 +9,30 @@
 
 namespace seqrec::ops {
 
-at::Tensor causal_padding_bias(const at::Tensor& key_padding, at::ScalarType dtype) {
+namespace {
+
+// allowed[b, i, j] = (j <= i or bidirectional) && !pad[b, j], plus the diagonal so no row is empty.
+at::Tensor attention_bias(const at::Tensor& key_padding, at::ScalarType dtype, bool causal) {
   TORCH_CHECK(key_padding.dim() == 2, "key_padding must be [B, L], got ", key_padding.sizes());
   TORCH_CHECK(key_padding.scalar_type() == at::kBool, "key_padding must be bool");
   const int64_t L = key_padding.size(1);
   auto opts = key_padding.options().dtype(at::kBool);
-  // allowed[b, i, j] = j <= i && !pad[b, j], plus the diagonal so no row is empty.
-  auto causal = torch::ones({L, L}, opts).tril();
-  auto allowed = causal.unsqueeze(0) & key_padding.logical_not().unsqueeze(1);
+  auto allowed = key_padding.logical_not().unsqueeze(1).expand({key_padding.size(0), L, L});
+  if (causal) allowed = allowed & torch::ones({L, L}, opts).tril().unsqueeze(0);
   allowed = allowed | torch::eye(L, opts).unsqueeze(0);
   auto bias = torch::zeros(allowed.sizes(), key_padding.options().dtype(dtype));
   bias.masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity());
   return bias.unsqueeze(1);
+}
+
+}  // namespace
+
+at::Tensor causal_padding_bias(const at::Tensor& key_padding, at::ScalarType dtype) {
+  return attention_bias(key_padding, dtype, /*causal=*/true);
+}
+
+at::Tensor padding_bias(const at::Tensor& key_padding, at::ScalarType dtype) {
+  return attention_bias(key_padding, dtype, /*causal=*/false);
 }
 
 at::Tensor causal_softmax_attention_biased(const at::Tensor& q, const at::Tensor& k,

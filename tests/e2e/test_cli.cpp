@@ -272,7 +272,8 @@ TEST_F(Cli, EveryModelTrainsAndTests) {
   for (std::string m : {"linrec --linrec_norm code", "lisa --lisa_variant mini --codewords 4 --target_codewords 8",
                         "lisa --lisa_variant soft --codewords 4 --lisa_commitment 0.01", "lightsans --interests 4",
                         "lightsans --interests 4 --lightsans_position absolute",
-                        "routing --heads 2 --routing_clusters 3 --routing_window 4"}) {
+                        "routing --heads 2 --routing_clusters 3 --routing_window 4",
+                        "sasrec --objective cloze --mask_prob 0.3"}) {
     const std::string run = dir("model-" + std::to_string(std::hash<std::string>{}(m)));
     auto r = run_seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall + "--epochs 2 --model " + m, 120);
     EXPECT_EQ(r.code, 0) << m << "\n" << r.output;
@@ -302,6 +303,9 @@ TEST_F(Cli, InvalidFlagsGetAClearErrorAndExitCode) {
       {t + "--model routing --routing_decay 1", "routing_decay must be in (0, 1)"},
       {t + "--routing_clusters 8", "--routing_clusters applies to --model routing only"},
       {t + "--replica_check_every -1", "--replica_check_every must be >= 0"},
+      {t + "--model linrec --objective cloze", "objective cloze needs bidirectional attention"},
+      {t + "--objective bert", "unknown objective 'bert'"},
+      {t + "--mask_prob 1", "--mask_prob must be in (0, 1)"},
       {t + "--loss hinge", "--loss must be"},
       {t + "--no_such_flag 1", "no_such_flag"},
       {t + "--select_metric AUC", "--select_metric"},

@@ -73,6 +73,22 @@ TEST_F(CliMpi, RanksTrainExactlyAsOneRankWithTheGlobalBatch) {
   }
 }
 
+// The cloze objective's masks are keyed by (seed, epoch, user, slot), not by rank: 2 ranks
+// still train as 1 rank with the global batch.
+TEST_F(CliMpi, ClozeMasksDoNotDependOnTheRankCount) {
+  const std::string cloze = " --objective cloze --mask_prob 0.3";
+  const std::string single = dir("cloze-single"), multi = dir("cloze-multi");
+  auto a = run_seqrec(train_args(data(), single, 16) + cloze, 300);
+  ASSERT_EQ(a.code, 0) << a.output;
+  auto b = run_command(mpirun() + " -np 2 " + seqrec_bin() + train_args(data(), multi, 8) + cloze, 300);
+  ASSERT_EQ(b.code, 0) << b.output;
+  auto pa = final_params(single), pb = final_params(multi);
+  ASSERT_EQ(pa.size(), pb.size());
+  double worst = 0;
+  for (auto& [n, t] : pa) worst = std::max(worst, (t - pb.at(n)).abs().max().item<double>());
+  EXPECT_LT(worst, 1e-6) << "max |delta param| " << worst;  // as above: summation order only
+}
+
 // LISA's EMA codebooks: each rank's assignment counts and residual sums are all-reduced before
 // the update, so the codebooks after K steps match one rank with the global batch.
 TEST_F(CliMpi, EmaCodebooksMatchOneRankWithTheGlobalBatch) {

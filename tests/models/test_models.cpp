@@ -220,4 +220,27 @@ TEST(Models, SignatureRoundTripsAndNamesDifferences) {
   EXPECT_TRUE(signature_difference(model_signature(o), model_signature(o)).empty());
 }
 
+// The cloze objective: one extra [mask] row that is never scored, and bidirectional attention
+// (a later item changes an earlier slot's output, unlike the causal objective).
+TEST(ClozeObjective, SasrecAttendsBothWaysAndNeverScoresTheMask) {
+  ModelOptions o;
+  o.num_items = 30;
+  o.max_len = 12;
+  o.hidden = 8;
+  o.heads = 2;
+  o.dropout = 0;
+  o.objective = "cloze";
+  auto m = make_model(o);
+  m->set_training(false);
+  torch::NoGradGuard g;
+  EXPECT_EQ(m->item_embeddings().size(0), 31);
+  auto a = seq({3, 5, 7, mask_item(o)}, 12), b = seq({3, 5, 9, mask_item(o)}, 12);
+  auto ha = m->encode(a), hb = m->encode(b);
+  EXPECT_FALSE(torch::allclose(ha.select(1, 9), hb.select(1, 9))) << "slot 1 must see slot 2 under cloze";
+  EXPECT_TRUE(torch::allclose(m->encode_last(a), ha.select(1, 11), 1e-5, 1e-6));
+  EXPECT_EQ(ha.narrow(1, 0, 8).abs().sum().item<double>(), 0.0);
+  o.model = "lightsans";
+  EXPECT_THROW(validate(o), std::invalid_argument);
+}
+
 }  // namespace

@@ -43,7 +43,7 @@ class IdentityScoreModel : public models::SequenceModel {
     o_.num_items = items;
     table_ = torch::arange(0, items + 1, torch::kFloat32).unsqueeze(1);
   }
-  at::Tensor encode(const at::Tensor& input) override {
+  at::Tensor encode(const at::Tensor& input, const models::UserInput& = {}) override {
     return torch::ones({input.size(0), input.size(1), 1});
   }
   at::Tensor item_embeddings() override { return table_; }

@@ -1,0 +1,88 @@
+#pragma once
+// The attention of FLASH4Rec's gated attention layer (Yan & Li 2023, slides Eqs. 4, 5 and 7-9;
+// FLASH's GAU, Hua et al. 2022): out = A·V. The model computes Z, the scale/offset transforms
+// q = Q(Z), k = K(Z), the values V, the gate U and the output projection; this op is only A·V.
+// The ATen reference runs on any device and differentiates through autograd w.r.t. q, k and v;
+// a fused CUDA kernel will sit behind these same signatures (gated_attention's body is the seam:
+// the cosine form as one chunked scan, the softmax form as a flash-style kernel, and Top-K
+// dropout as a second pass over rows that still needs A's rows in full).
+//
+// Per sequence b and head h (omitted), with q, k [L, s], v [L, e]:
+//   visible(i, j) = slot i and slot j are real (not padded), and j <= i when causal.
+//     Causal serves next-item training; bidirectional (every real slot) the cloze objective.
+//     A real query always sees itself, so no real row is empty.
+//   softmax form (slide Eq. 4):
+//     A[i, j] = exp(q_i·k_j / sqrt(s)) / sum_{visible j'} exp(q_i·k_j' / sqrt(s))
+//   cosine form (slide Eq. 5, "1 + cos", with the row-sum normaliser, since the slides give
+//     none and 1 + cos >= 0 makes A a proper average; without it outputs grow with length):
+//     A[i, j] = (1 + q̂_i·k̂_j) / sum_{visible j'} (1 + q̂_i·k̂_j'),  x̂ = x / max(||x||₂, 1e-12)
+//     A row whose every visible key is antipodal to its query sums to 0; its normaliser is
+//     clamped to 1e-12, so that row (and its output) is 0.
+//   A[i, j] = 0 where not visible; rows of padded queries are 0, so their outputs are 0.
+//
+// Top-K attention dropout (slide Eqs. 7-9, with Eq. 9 corrected to the inverted-dropout
+// rescale): in training with p > 0 and topk > 0, per (b, h) matrix A,
+//   S[i, j] = j is among the topk largest visible entries of row i (all visible entries when
+//             the row has fewer; invisible and padded keys are never selected; ties broken by
+//             torch::topk),
+//   M = 1 - S ⊙ Bernoulli(p),   A' = A ⊙ M · f,   f = sum(A) / max(sum(A ⊙ M), 1e-12),
+// ONE scalar f per (b, h) matrix, the sums over the visible entries of real rows. Because f
+// couples all rows, under causal=true an output in training depends, through f, on the
+// attention mass dropped in later rows (a per-row f would not; the slides define one scalar).
+// Outside training, at p = 0 or topk = 0, A' = A. The Bernoulli bits are counter-based, seeded
+// by one 64-bit draw from Torch's default CPU generator (as ops::dropout), so training resumes
+// exactly from a saved RNG state and one manual_seed reproduces a run on any device.
+//
+// Paths and costs per (b, h):
+//   explicit (softmax form, or any form with active Top-K dropout): A is materialised,
+//     O(L²·(s + e)) time, O(L²) memory; topk adds O(L²·log k).
+//   linear (cosine form without active Top-K dropout), no L x L tensor: with 1 prepended to
+//     q̂ and k̂ and the real-slot indicator appended to v, a single linear-attention product
+//     gives the numerator sum_j v_j + q̂_i·(sum_j k̂_jᵀ v_j) and the normaliser
+//     n_i + q̂_i·sum_j k̂_j together. Bidirectional: global sums, O(L·s·e). Causal: prefix sums
+//     over chunks of 64 slots (ops::causal_linear_attention), O(L·(64·(s + e) + s·e)) time and
+//     O(L·64 + L/64·s·e) memory.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+
+namespace seqrec::ops {
+
+enum class GatedAttentionForm { kSoftmax, kCosine };
+// "softmax" | "cosine"; throws std::invalid_argument naming it (as the other config parsers).
+GatedAttentionForm parse_gated_attention_form(const std::string& name);
+const char* gated_attention_form_name(GatedAttentionForm form);
+
+struct GatedAttentionOptions {
+  GatedAttentionForm form = GatedAttentionForm::kSoftmax;
+  bool causal = true;
+  int64_t topk = 0;           // Top-K dropout's k; 0 = off; >= 0
+  double topk_dropout = 0.0;  // Top-K dropout's p, in [0, 1)
+  bool training = false;      // Top-K dropout applies only in training
+};
+
+// q, k: [B, H, L, s] float; v: [B, H, L, e] of q's dtype; key_padding: [B, L] bool, true at
+// padded slots. Returns A'·v, [B, H, L, e], 0 at padded slots. Throws c10::Error naming the
+// argument on a bad shape, dtype, form, topk or topk_dropout.
+at::Tensor gated_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& key_padding, const GatedAttentionOptions& options);
+
+// The explicit matrix A' of the definitions above (Top-K dropout included when active, one
+// generator draw then), [B, H, L, L]. The explicit path; exposed for tests and for inspection.
+at::Tensor gated_attention_weights(const at::Tensor& q, const at::Tensor& k, const at::Tensor& key_padding,
+                                   const GatedAttentionOptions& options);
+
+// visible(i, j) of the definitions as [B, 1, L, L] bool, for key_padding [B, L] bool.
+at::Tensor gated_attention_visibility(const at::Tensor& key_padding, bool causal);
+
+// S of the definitions for weights [B, H, L, L] and visible [B or 1, H or 1, L, L] bool:
+// [B, H, L, L] bool. topk >= 1.
+at::Tensor topk_positions(const at::Tensor& weights, const at::Tensor& visible, int64_t topk);
+
+// A' = A ⊙ M · f for weights A [B, H, L, L] that are 0 outside `visible`; A itself when
+// !training, p == 0 or topk == 0 (no generator draw then).
+at::Tensor topk_attention_dropout(const at::Tensor& weights, const at::Tensor& visible, int64_t topk, double p,
+                                  bool training);
+
+}  // namespace seqrec::ops

@@ -1,0 +1,171 @@
+#include "ops/gated_attention/gated_attention.h"
+
+#include "ops/dropout/dropout.h"
+#include "ops/linear_attention/linear_attention.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+
+namespace seqrec::ops {
+namespace {
+
+// Guards the L2 norms of zero rows, the normaliser of a row whose keys are all antipodal to its
+// query, and Top-K dropout's kept mass when everything was dropped.
+constexpr double kEps = 1e-12;
+// The causal cosine path's chunk: the within-chunk products are [64 x 64], small enough to stay
+// in cache, and the cross-chunk states are L/64 matrices of [s+1 x e+1].
+constexpr int64_t kChunk = 64;
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// The same stream as ops::dropout: one draw from the default CPU generator per call, so the
+// masks are part of the saved RNG state.
+uint64_t next_seed() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
+}
+
+void check_key_padding(const at::Tensor& key_padding, int64_t B, int64_t L) {
+  TORCH_CHECK(key_padding.dim() == 2 && key_padding.size(0) == B && key_padding.size(1) == L &&
+                  key_padding.scalar_type() == at::kBool,
+              "key_padding must be bool [B, L] = [", B, ", ", L, "]; got ", key_padding.sizes(), " ",
+              key_padding.scalar_type());
+}
+
+void check_topk(int64_t topk, double p) {
+  TORCH_CHECK(topk >= 0, "topk must be >= 0 (0 = off), got ", topk);
+  TORCH_CHECK(p >= 0 && p < 1, "topk_dropout must be in [0, 1), got ", p);
+}
+
+void check_qk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& key_padding,
+              const GatedAttentionOptions& options) {
+  TORCH_CHECK(q.dim() == 4 && at::isFloatingType(q.scalar_type()), "q must be float [B, H, L, s]; got ", q.sizes(),
+              " ", q.scalar_type());
+  TORCH_CHECK(k.sizes() == q.sizes() && k.scalar_type() == q.scalar_type(), "k must be ", q.sizes(), " ",
+              q.scalar_type(), " like q; got ", k.sizes(), " ", k.scalar_type());
+  check_key_padding(key_padding, q.size(0), q.size(2));
+  TORCH_CHECK(options.form == GatedAttentionForm::kSoftmax || options.form == GatedAttentionForm::kCosine,
+              "form must be softmax or cosine; got enum value ", static_cast<int>(options.form));
+  check_topk(options.topk, options.topk_dropout);
+}
+
+at::Tensor l2_normalise(const at::Tensor& x) { return x / x.norm(2, -1, true).clamp_min(kEps); }
+
+// A before Top-K dropout: 0 outside `visible`, rows of padded queries included.
+at::Tensor plain_weights(const at::Tensor& q, const at::Tensor& k, const at::Tensor& key_padding,
+                         const at::Tensor& visible, GatedAttentionForm form) {
+  if (form == GatedAttentionForm::kSoftmax) {
+    const int64_t B = q.size(0), L = q.size(2);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+    // The diagonal keeps padded queries' rows finite (a row of -inf would softmax to NaN and
+    // poison the gradient); those rows are zeroed after.
+    auto allowed = visible | torch::eye(L, visible.options());
+    auto scores = torch::matmul(q, k.transpose(-2, -1)).mul(scale).masked_fill(allowed.logical_not(), kNegInf);
+    return torch::softmax(scores, -1).masked_fill(key_padding.view({B, 1, L, 1}), 0.0);
+  }
+  auto sim = torch::matmul(l2_normalise(q), l2_normalise(k).transpose(-2, -1)).add(1.0);
+  auto raw = sim.masked_fill(visible.logical_not(), 0.0);
+  return raw / raw.sum(-1, true).clamp_min(kEps);
+}
+
+// The cosine form without an L x L tensor (see the header): numerator and normaliser from one
+// linear-attention product of augmented operands.
+at::Tensor cosine_linear(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const at::Tensor& key_padding, bool causal) {
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), e = v.size(3);
+  auto real = key_padding.logical_not().to(q.scalar_type()).view({B, 1, L, 1}).expand({B, H, L, 1});
+  // Padded keys and values are zeroed, so they vanish from every sum and from the counts.
+  auto qa = torch::cat({torch::ones({B, H, L, 1}, q.options()), l2_normalise(q)}, -1);
+  auto ka = torch::cat({real, l2_normalise(k) * real}, -1);
+  auto va = torch::cat({v * real, real}, -1);
+  auto sums = causal ? causal_linear_attention(qa, ka, va, kChunk)
+                     : torch::matmul(qa, torch::matmul(ka.transpose(-2, -1), va));
+  auto out = sums.narrow(-1, 0, e) / sums.narrow(-1, e, 1).clamp_min(kEps);
+  return out.masked_fill(key_padding.view({B, 1, L, 1}), 0.0);
+}
+
+bool topk_dropout_active(int64_t topk, double p, bool training) { return training && p > 0 && topk > 0; }
+
+}  // namespace
+
+GatedAttentionForm parse_gated_attention_form(const std::string& name) {
+  if (name == "softmax") return GatedAttentionForm::kSoftmax;
+  if (name == "cosine") return GatedAttentionForm::kCosine;
+  throw std::invalid_argument("unknown gated attention form '" + name + "' (known: softmax, cosine)");
+}
+
+const char* gated_attention_form_name(GatedAttentionForm form) {
+  return form == GatedAttentionForm::kSoftmax ? "softmax" : "cosine";
+}
+
+at::Tensor gated_attention_visibility(const at::Tensor& key_padding, bool causal) {
+  TORCH_CHECK(key_padding.dim() == 2 && key_padding.scalar_type() == at::kBool,
+              "key_padding must be bool [B, L]; got ", key_padding.sizes(), " ", key_padding.scalar_type());
+  const int64_t L = key_padding.size(1);
+  auto real = key_padding.logical_not();
+  auto visible = real.unsqueeze(2) & real.unsqueeze(1);  // [B, L, L]: query i and key j both real
+  if (causal) visible = visible & torch::ones({L, L}, key_padding.options()).tril();
+  return visible.unsqueeze(1);
+}
+
+at::Tensor topk_positions(const at::Tensor& weights, const at::Tensor& visible, int64_t topk) {
+  TORCH_CHECK(weights.dim() == 4 && weights.size(2) == weights.size(3) && at::isFloatingType(weights.scalar_type()),
+              "weights must be float [B, H, L, L]; got ", weights.sizes(), " ", weights.scalar_type());
+  TORCH_CHECK(visible.dim() == 4 && visible.scalar_type() == at::kBool && visible.size(2) == weights.size(2) &&
+                  visible.size(3) == weights.size(3),
+              "visible must be bool [B or 1, H or 1, L, L] for weights ", weights.sizes(), "; got ", visible.sizes(),
+              " ", visible.scalar_type());
+  TORCH_CHECK(topk >= 1, "topk must be >= 1, got ", topk);
+  const int64_t L = weights.size(3);
+  auto selected = torch::zeros(weights.sizes(), weights.options().dtype(at::kBool));
+  if (L == 0) return selected;
+  torch::NoGradGuard no_grad;
+  // Invisible entries rank below every visible one (even a visible 0), and are removed again
+  // where a row has fewer than topk visible entries and topk had to take some.
+  auto ranked = weights.detach().masked_fill(visible.logical_not(), kNegInf);
+  auto index = std::get<1>(ranked.topk(std::min(topk, L), -1, /*largest=*/true, /*sorted=*/false));
+  return selected.scatter_(-1, index, true) & visible;
+}
+
+at::Tensor topk_attention_dropout(const at::Tensor& weights, const at::Tensor& visible, int64_t topk, double p,
+                                  bool training) {
+  check_topk(topk, p);
+  if (!topk_dropout_active(topk, p, training)) return weights;
+  auto selected = topk_positions(weights, visible, topk);
+  auto dropped = selected & dropout_mask(weights, p, next_seed()).eq(0);
+  auto kept = weights.masked_fill(dropped, 0.0);
+  // One scalar per (b, h) matrix (the corrected Eq. 9); entries outside `visible` are 0, so the
+  // whole-matrix sums are the sums over visible entries.
+  auto f = weights.sum({-2, -1}, true) / kept.sum({-2, -1}, true).clamp_min(kEps);
+  return kept * f;
+}
+
+at::Tensor gated_attention_weights(const at::Tensor& q, const at::Tensor& k, const at::Tensor& key_padding,
+                                   const GatedAttentionOptions& options) {
+  check_qk(q, k, key_padding, options);
+  auto visible = gated_attention_visibility(key_padding, options.causal);
+  return topk_attention_dropout(plain_weights(q, k, key_padding, visible, options.form), visible, options.topk,
+                                options.topk_dropout, options.training);
+}
+
+at::Tensor gated_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& key_padding, const GatedAttentionOptions& options) {
+  check_qk(q, k, key_padding, options);
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2);
+  TORCH_CHECK(v.dim() == 4 && v.size(0) == B && v.size(1) == H && v.size(2) == L && v.scalar_type() == q.scalar_type(),
+              "v must be [B, H, L, e] with [B, H, L] = [", B, ", ", H, ", ", L, "] of q's dtype ", q.scalar_type(),
+              "; got ", v.sizes(), " ", v.scalar_type());
+  if (options.form == GatedAttentionForm::kCosine &&
+      !topk_dropout_active(options.topk, options.topk_dropout, options.training))
+    return cosine_linear(q, k, v, key_padding, options.causal);
+  auto weights = gated_attention_weights(q, k, key_padding, options);
+  return torch::matmul(weights, v).masked_fill(key_padding.view({B, 1, L, 1}), 0.0);
+}
+
+}  // namespace seqrec::ops

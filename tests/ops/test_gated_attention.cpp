@@ -1,0 +1,500 @@
+// FLASH4Rec's gated attention (A·V with the softmax or the "1 + cos" form) against a loop-level
+// reference in double, on shapes that break the 64-slot chunk tiling (length 1, odd lengths,
+// lengths not a multiple of the chunk, all-padding rows, left and right padding, H > 1, s != e);
+// the linear cosine path against the explicit matrix (a long sequence included); causality,
+// padding isolation, gradients, Top-K attention dropout and named errors.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ops/gated_attention/gated_attention.h"
+#include "tests/ops/op_test_util.h"
+
+namespace {
+
+using seqrec::ops::gated_attention;
+using seqrec::ops::gated_attention_visibility;
+using seqrec::ops::gated_attention_weights;
+using seqrec::ops::GatedAttentionForm;
+using seqrec::ops::GatedAttentionOptions;
+using seqrec::ops::topk_positions;
+using seqrec::testing::padding_mask;
+
+const auto kF64 = torch::kFloat64;
+const GatedAttentionForm kForms[] = {GatedAttentionForm::kSoftmax, GatedAttentionForm::kCosine};
+
+GatedAttentionOptions options(GatedAttentionForm form, bool causal, int64_t topk = 0, double p = 0.0,
+                              bool training = false) {
+  GatedAttentionOptions o;
+  o.form = form;
+  o.causal = causal;
+  o.topk = topk;
+  o.topk_dropout = p;
+  o.training = training;
+  return o;
+}
+
+std::string describe(GatedAttentionForm form, bool causal) {
+  return std::string(seqrec::ops::gated_attention_form_name(form)) + (causal ? " causal" : " bidirectional");
+}
+
+double max_err(const at::Tensor& a, const at::Tensor& b) {
+  return a.numel() == 0 ? 0.0 : (a - b).abs().max().item<double>();
+}
+
+struct Naive {
+  at::Tensor weights, out;
+};
+
+// The header's definitions entry by entry: A[b, h, i, j] and out = A·v; padded queries give 0.
+Naive naive(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pad,
+            GatedAttentionForm form, bool causal) {
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), S = q.size(3), E = v.size(3);
+  auto Q = q.accessor<double, 4>();
+  auto K = k.accessor<double, 4>();
+  auto V = v.accessor<double, 4>();
+  auto P = pad.accessor<bool, 2>();
+  Naive r{torch::zeros({B, H, L, L}, kF64), torch::zeros({B, H, L, E}, kF64)};
+  auto W = r.weights.accessor<double, 4>();
+  auto O = r.out.accessor<double, 4>();
+  auto norm = [&](const at::TensorAccessor<double, 1>& x) {
+    double n = 0;
+    for (int64_t d = 0; d < S; ++d) n += x[d] * x[d];
+    return std::max(std::sqrt(n), 1e-12);
+  };
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < L; ++i) {
+        if (P[b][i]) continue;
+        std::vector<int64_t> keys;
+        for (int64_t j = 0; j < L; ++j)
+          if (!P[b][j] && (!causal || j <= i)) keys.push_back(j);
+        std::vector<double> a;
+        double z = 0;
+        if (form == GatedAttentionForm::kSoftmax) {
+          double mx = -std::numeric_limits<double>::infinity();
+          for (int64_t j : keys) {
+            double s = 0;
+            for (int64_t d = 0; d < S; ++d) s += Q[b][h][i][d] * K[b][h][j][d];
+            a.push_back(s / std::sqrt(static_cast<double>(S)));
+            mx = std::max(mx, a.back());
+          }
+          for (auto& x : a) z += (x = std::exp(x - mx));
+        } else {
+          const double qn = norm(Q[b][h][i]);
+          for (int64_t j : keys) {
+            const double kn = norm(K[b][h][j]);
+            double c = 0;
+            for (int64_t d = 0; d < S; ++d) c += Q[b][h][i][d] / qn * (K[b][h][j][d] / kn);
+            a.push_back(1.0 + c);
+            z += a.back();
+          }
+          z = std::max(z, 1e-12);
+        }
+        for (size_t n = 0; n < keys.size(); ++n) {
+          W[b][h][i][keys[n]] = a[n] / z;
+          for (int64_t e = 0; e < E; ++e) O[b][h][i][e] += a[n] / z * V[b][h][keys[n]][e];
+        }
+      }
+  return r;
+}
+
+struct Case {
+  int64_t B, H, L, s, e;
+  std::vector<int64_t> lengths;
+  bool left;
+};
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all = {
+      {1, 1, 1, 3, 2, {1}, true},                 // L = 1
+      {2, 1, 1, 2, 3, {0, 1}, false},             // L = 1, an all-padding row
+      {2, 2, 13, 4, 3, {13, 7}, true},            // odd L, inside one chunk
+      {1, 2, 64, 3, 7, {64}, true},               // exactly one chunk
+      {2, 3, 67, 5, 4, {67, 30}, false},          // one slot past a chunk, right padding
+      {3, 2, 130, 6, 5, {130, 0, 65}, true},      // three chunks, an all-padding row
+      {2, 1, 129, 4, 4, {100, 129}, false},       // left/right variety past two chunks
+      {3, 2, 77, 2, 9, {1, 76, 40}, true},        // one real slot, s << e
+  };
+  return all;
+}
+
+std::string where(const Case& c) {
+  return "B=" + std::to_string(c.B) + " H=" + std::to_string(c.H) + " L=" + std::to_string(c.L) +
+         (c.left ? " left" : " right");
+}
+
+TEST(GatedAttention, MatchesLoopReference) {
+  torch::manual_seed(31);
+  for (const auto& c : cases()) {
+    auto q = torch::randn({c.B, c.H, c.L, c.s}, kF64), k = torch::randn({c.B, c.H, c.L, c.s}, kF64);
+    auto v = torch::randn({c.B, c.H, c.L, c.e}, kF64);
+    auto pad = padding_mask(c.lengths, c.L, c.left);
+    for (auto form : kForms)
+      for (bool causal : {true, false}) {
+        const auto o = options(form, causal);
+        const std::string at = where(c) + " " + describe(form, causal);
+        auto want = naive(q, k, v, pad, form, causal);
+        auto out = gated_attention(q, k, v, pad, o);
+        ASSERT_EQ(out.sizes(), v.sizes()) << at;
+        EXPECT_LT(max_err(out, want.out), 1e-10) << at;
+        auto weights = gated_attention_weights(q, k, pad, o);
+        ASSERT_EQ(weights.sizes(), (std::vector<int64_t>{c.B, c.H, c.L, c.L})) << at;
+        EXPECT_LT(max_err(weights, want.weights), 1e-10) << at;
+        // Real rows are averages (sum 1), padded rows are 0.
+        auto real = pad.logical_not().to(kF64).view({c.B, 1, c.L}).expand({c.B, c.H, c.L});
+        EXPECT_LT(max_err(weights.sum(-1), real), 1e-12) << at;
+      }
+  }
+}
+
+TEST(GatedAttention, EmptySequences) {
+  auto q = torch::randn({2, 3, 0, 4}, kF64), v = torch::randn({2, 3, 0, 5}, kF64);
+  auto pad = torch::zeros({2, 0}, torch::kBool);
+  for (auto form : kForms)
+    for (bool causal : {true, false}) {
+      EXPECT_EQ(gated_attention(q, q, v, pad, options(form, causal)).sizes(), v.sizes());
+      EXPECT_EQ(gated_attention(q, q, v, pad, options(form, causal, 2, 0.5, true)).sizes(), v.sizes());
+      EXPECT_EQ(gated_attention_weights(q, q, pad, options(form, causal)).sizes(),
+                (std::vector<int64_t>{2, 3, 0, 0}));
+    }
+}
+
+// The cosine form's linear path against the explicit matrix times v.
+TEST(GatedAttention, CosineLinearPathEqualsExplicitMatrix) {
+  torch::manual_seed(32);
+  auto explicit_out = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pad,
+                         bool causal) {
+    auto w = gated_attention_weights(q, k, pad, options(GatedAttentionForm::kCosine, causal));
+    return torch::matmul(w, v).masked_fill(pad.view({q.size(0), 1, q.size(2), 1}), 0.0);
+  };
+  for (const auto& c : cases()) {
+    auto q = torch::randn({c.B, c.H, c.L, c.s}, kF64), k = torch::randn({c.B, c.H, c.L, c.s}, kF64);
+    auto v = torch::randn({c.B, c.H, c.L, c.e}, kF64);
+    auto pad = padding_mask(c.lengths, c.L, c.left);
+    for (bool causal : {true, false}) {
+      auto out = gated_attention(q, k, v, pad, options(GatedAttentionForm::kCosine, causal));
+      EXPECT_LT(max_err(out, explicit_out(q, k, v, pad, causal)), 1e-10) << where(c) << " causal=" << causal;
+    }
+  }
+  // A long sequence against the explicit matrix (3000 x 3000, one head).
+  {
+    const int64_t L = 3000;
+    auto q = torch::randn({1, 1, L, 8}, kF64), k = torch::randn({1, 1, L, 8}, kF64), v = torch::randn({1, 1, L, 8}, kF64);
+    auto pad = padding_mask({L - 37}, L, true);
+    for (bool causal : {true, false}) {
+      auto out = gated_attention(q, k, v, pad, options(GatedAttentionForm::kCosine, causal));
+      EXPECT_LT(max_err(out, explicit_out(q, k, v, pad, causal)), 1e-10) << "L=3000 causal=" << causal;
+    }
+  }
+  // Longer still (a 20000 x 20000 matrix would take 3.2 GB): sampled rows against the
+  // definition computed one row at a time.
+  {
+    const int64_t L = 20000, S = 4, E = 6;
+    auto q = torch::randn({1, 1, L, S}, kF64), k = torch::randn({1, 1, L, S}, kF64), v = torch::randn({1, 1, L, E}, kF64);
+    auto pad = padding_mask({L - 100}, L, false);
+    auto qh = q[0][0] / q[0][0].norm(2, -1, true), kh = k[0][0] / k[0][0].norm(2, -1, true);
+    auto real = pad[0].logical_not();
+    for (bool causal : {true, false}) {
+      auto out = gated_attention(q, k, v, pad, options(GatedAttentionForm::kCosine, causal));
+      for (int64_t i : {0, 63, 64, 12345, 19899, 19900, 19999}) {
+        auto visible = causal ? real & (torch::arange(L) <= i) : real.clone();
+        auto raw = (1 + torch::matmul(kh, qh[i])).masked_fill(visible.logical_not(), 0.0);
+        auto want = real[i].item<bool>() ? torch::matmul(raw / raw.sum(), v[0][0]) : torch::zeros({E}, kF64);
+        EXPECT_LT(max_err(out[0][0][i], want), 1e-10) << "L=20000 causal=" << causal << " i=" << i;
+      }
+    }
+  }
+}
+
+TEST(GatedAttention, FutureSlotsChangeNoEarlierOutputWhenCausal) {
+  torch::manual_seed(33);
+  const int64_t B = 2, H = 2, L = 150, S = 4, E = 5;
+  for (bool left : {true, false}) {
+    auto pad = padding_mask({L, 97}, L, left);
+    auto q = torch::randn({B, H, L, S}, kF64), k = torch::randn({B, H, L, S}, kF64), v = torch::randn({B, H, L, E}, kF64);
+    for (auto form : kForms) {
+      auto out = gated_attention(q, k, v, pad, options(form, true));
+      auto bi = gated_attention(q, k, v, pad, options(form, false));
+      for (int64_t t : {1, 5, 63, 64, 65, 100, 128, 149}) {
+        auto q2 = q.clone(), k2 = k.clone(), v2 = v.clone();
+        for (auto* x : {&q2, &k2, &v2}) x->select(2, t).normal_(0.0, 3.0);
+        auto out2 = gated_attention(q2, k2, v2, pad, options(form, true));
+        const std::string at = describe(form, true) + " left=" + std::to_string(left) + " t=" + std::to_string(t);
+        EXPECT_LE(max_err(out2.narrow(2, 0, t), out.narrow(2, 0, t)), 1e-12) << at;
+        // Slot t itself (real in row 0) does change: the check would pass vacuously otherwise.
+        EXPECT_GT(max_err(out2[0].select(1, t), out[0].select(1, t)), 1e-6) << at;
+        // Bidirectionally, the first real slot of row 0 sees slot t.
+        auto bi2 = gated_attention(q2, k2, v2, pad, options(form, false));
+        EXPECT_GT(max_err(bi2[0].select(1, 0), bi[0].select(1, 0)), 1e-6) << describe(form, false) << " t=" << t;
+      }
+    }
+  }
+}
+
+TEST(GatedAttention, PaddedSlotsChangeNoRealOutput) {
+  torch::manual_seed(34);
+  const int64_t B = 3, H = 2, L = 71, S = 3, E = 4;
+  for (bool left : {true, false}) {
+    auto pad = padding_mask({L, 40, 0}, L, left);
+    auto real = pad.logical_not().view({B, 1, L, 1});
+    auto q = torch::randn({B, H, L, S}, kF64), k = torch::randn({B, H, L, S}, kF64), v = torch::randn({B, H, L, E}, kF64);
+    auto scramble = [&](const at::Tensor& x) {
+      return torch::where(pad.view({B, 1, L, 1}), 100.0 * torch::rand_like(x), x);
+    };
+    for (auto form : kForms)
+      for (bool causal : {true, false})
+        for (bool dropout : {false, true}) {
+          const auto o = dropout ? options(form, causal, 3, 0.5, true) : options(form, causal);
+          const std::string at = describe(form, causal) + " left=" + std::to_string(left) +
+                                 " dropout=" + std::to_string(dropout);
+          auto q2 = scramble(q), k2 = scramble(k), v2 = scramble(v);
+          torch::manual_seed(7);
+          auto out = gated_attention(q, k, v, pad, o);
+          torch::manual_seed(7);
+          auto out2 = gated_attention(q2, k2, v2, pad, o);
+          EXPECT_LE(max_err(out.masked_select(real), out2.masked_select(real)), 1e-12) << at;
+          EXPECT_EQ(out2.masked_fill(real, 0.0).abs().max().item<double>(), 0.0) << at;
+        }
+  }
+}
+
+// Autograd against central differences for both forms and both directions (the explicit path
+// and the linear one, the latter across several chunks), with exactly zero gradient at padded
+// slots' inputs; and through active Top-K dropout, whose mask a reseed holds fixed.
+TEST(GatedAttention, GradientsMatchCentralDifferences) {
+  torch::manual_seed(35);
+  struct Shape {
+    int64_t B, H, L, S, E, stride;
+    std::vector<int64_t> lengths;
+  };
+  for (const auto& sh : {Shape{2, 2, 9, 3, 4, 3, {9, 5}}, Shape{1, 1, 70, 2, 3, 7, {66}}})
+    for (bool left : {true, false}) {
+      auto pad = padding_mask(sh.lengths, sh.L, left);
+      auto at_pad = [&](const at::Tensor& g) {
+        return g.masked_select(pad.view({sh.B, 1, sh.L, 1}).expand_as(g)).abs().max().item<double>();
+      };
+      auto q = torch::randn({sh.B, sh.H, sh.L, sh.S}, kF64).requires_grad_();
+      auto k = torch::randn({sh.B, sh.H, sh.L, sh.S}, kF64).requires_grad_();
+      auto v = torch::randn({sh.B, sh.H, sh.L, sh.E}, kF64).requires_grad_();
+      auto g = torch::randn({sh.B, sh.H, sh.L, sh.E}, kF64);
+      for (auto form : kForms)
+        for (bool causal : {true, false})
+          for (bool dropout : {false, true}) {
+            const auto o = dropout ? options(form, causal, 2, 0.5, true) : options(form, causal);
+            auto f = [&] {
+              torch::manual_seed(11);
+              return (gated_attention(q, k, v, pad, o) * g).sum();
+            };
+            SCOPED_TRACE(describe(form, causal) + " L=" + std::to_string(sh.L) + " left=" + std::to_string(left) +
+                         " dropout=" + std::to_string(dropout));
+            seqrec::testing::expect_gradients_match_central_differences(f, {q, k, v}, sh.stride);
+            auto grads = torch::autograd::grad({f()}, {q, k, v});
+            for (int n = 0; n < 3; ++n) EXPECT_EQ(at_pad(grads[n]), 0.0) << "input " << n;
+            EXPECT_GT(grads[0].abs().max().item<double>(), 0.0);
+          }
+    }
+}
+
+TEST(GatedAttention, TopkDropoutIsIdentityWhenInactive) {
+  torch::manual_seed(36);
+  const int64_t B = 2, H = 2, L = 20, S = 4, E = 3;
+  auto pad = padding_mask({L, 12}, L, true);
+  auto q = torch::randn({B, H, L, S}, kF64), k = torch::randn({B, H, L, S}, kF64), v = torch::randn({B, H, L, E}, kF64);
+  for (auto form : kForms)
+    for (bool causal : {true, false}) {
+      auto plain = gated_attention(q, k, v, pad, options(form, causal));
+      const GatedAttentionOptions inactive[] = {options(form, causal, 3, 0.5, false),
+                                                options(form, causal, 3, 0.0, true),
+                                                options(form, causal, 0, 0.5, true)};
+      for (const auto& o : inactive) {
+        // No generator draw either: the stream after the call is the stream of a fresh seed.
+        torch::manual_seed(5);
+        auto out = gated_attention(q, k, v, pad, o);
+        auto next = torch::rand({4}, kF64);
+        torch::manual_seed(5);
+        EXPECT_TRUE(torch::equal(next, torch::rand({4}, kF64))) << describe(form, causal);
+        EXPECT_TRUE(torch::equal(out, plain)) << describe(form, causal);
+      }
+    }
+}
+
+TEST(GatedAttention, TopkDropoutDropsOnlyTopkEntriesAndKeepsMass) {
+  torch::manual_seed(37);
+  const int64_t B = 3, H = 2, L = 40, S = 4, E = 3, K = 3;
+  const double p = 0.5;
+  for (bool left : {true, false}) {
+    auto pad = padding_mask({L, 25, 2}, L, left);
+    auto q = torch::randn({B, H, L, S}, kF64), k = torch::randn({B, H, L, S}, kF64), v = torch::randn({B, H, L, E}, kF64);
+    for (auto form : kForms)
+      for (bool causal : {true, false}) {
+        const std::string at = describe(form, causal) + " left=" + std::to_string(left);
+        const auto o = options(form, causal, K, p, true);
+        auto a = gated_attention_weights(q, k, pad, options(form, causal));
+        auto visible = gated_attention_visibility(pad, causal);
+        auto selected = topk_positions(a, visible, K);
+        torch::manual_seed(8);
+        auto dropped_a = gated_attention_weights(q, k, pad, o);
+        // (a) Only Top-K entries are zeroed, and some are.
+        auto dropped = (a > 0) & (dropped_a == 0);
+        EXPECT_FALSE((dropped & selected.logical_not()).any().item<bool>()) << at;
+        EXPECT_TRUE(dropped.any().item<bool>()) << at;
+        // Everything else is scaled by one f per (b, h): f = sum(A) / sum(A ⊙ M).
+        auto kept = a.masked_fill(dropped, 0.0);
+        auto f = a.sum({-2, -1}, true) / kept.sum({-2, -1}, true);
+        EXPECT_LT(max_err(dropped_a, kept * f), 1e-12) << at;
+        // (b) The rescaled matrix keeps each (b, h)'s total mass.
+        EXPECT_LT(max_err(dropped_a.sum({-2, -1}), a.sum({-2, -1})), 1e-12) << at;
+        // The op's output is that matrix times v.
+        torch::manual_seed(8);
+        auto out = gated_attention(q, k, v, pad, o);
+        EXPECT_LT(max_err(out, torch::matmul(dropped_a, v)), 1e-12) << at;
+        // (c) Reproducible under one seed, different under another.
+        torch::manual_seed(8);
+        EXPECT_TRUE(torch::equal(gated_attention_weights(q, k, pad, o), dropped_a)) << at;
+        torch::manual_seed(9);
+        EXPECT_FALSE(torch::equal(gated_attention_weights(q, k, pad, o), dropped_a)) << at;
+      }
+  }
+}
+
+TEST(GatedAttention, TopkDropoutRateIsP) {
+  torch::manual_seed(38);
+  const int64_t B = 4, H = 4, L = 100, K = 5;
+  auto pad = padding_mask({L, 60, 90, 100}, L, true);
+  auto q = torch::randn({B, H, L, 6}, kF64), k = torch::randn({B, H, L, 6}, kF64);
+  for (double p : {0.1, 0.5, 0.9}) {
+    auto o = options(GatedAttentionForm::kSoftmax, true, K, p, true);
+    auto a = gated_attention_weights(q, k, pad, options(GatedAttentionForm::kSoftmax, true));
+    auto selected = topk_positions(a, gated_attention_visibility(pad, true), K);
+    auto dropped = (gated_attention_weights(q, k, pad, o) == 0) & selected;
+    const double rate = dropped.sum().item<double>() / selected.sum().item<double>();
+    EXPECT_NEAR(rate, p, 0.03) << "p=" << p;  // ~6700 selected entries: 3 sigma < 0.02
+  }
+}
+
+// (d) Selection: the k largest visible entries of each row, never an invisible or padded key,
+// all visible entries of a row with fewer than k, nothing in padded queries' rows.
+TEST(GatedAttention, TopkPositionsSelectOnlyVisibleEntries) {
+  torch::manual_seed(39);
+  const int64_t B = 3, H = 2, L = 23;
+  for (bool left : {true, false})
+    for (bool causal : {true, false})
+      for (int64_t K : {1, 4, 30}) {
+        auto pad = padding_mask({L, 9, 0}, L, left);
+        auto q = torch::randn({B, H, L, 4}, kF64), k = torch::randn({B, H, L, 4}, kF64);
+        for (auto form : kForms) {
+          const std::string at = describe(form, causal) + " left=" + std::to_string(left) + " k=" + std::to_string(K);
+          auto visible = gated_attention_visibility(pad, causal).expand({B, H, L, L});
+          auto a = gated_attention_weights(q, k, pad, options(form, causal));
+          auto s = topk_positions(a, visible, K);
+          EXPECT_FALSE((s & visible.logical_not()).any().item<bool>()) << at;
+          EXPECT_TRUE(torch::equal(s.sum(-1), visible.sum(-1).clamp_max(K))) << at;
+          auto inf = std::numeric_limits<double>::infinity();
+          auto lowest_selected = a.masked_fill(s.logical_not(), inf).amin(-1);
+          auto highest_other = a.masked_fill(s | visible.logical_not(), -inf).amax(-1);
+          EXPECT_FALSE((highest_other > lowest_selected).any().item<bool>()) << at;
+        }
+      }
+  // A visible entry that is exactly 0 (a key antipodal to its query, 1 + cos = 0) is still
+  // selected before the padded keys of the same weight 0 that precede it (left padding) or
+  // follow it (right padding), whichever way topk breaks ties.
+  for (bool left : {true, false}) {
+    const int64_t L4 = 6, first = left ? 4 : 0;  // real slots first, first + 1
+    auto q = torch::zeros({1, 1, L4, 2}, kF64), k = torch::full({1, 1, L4, 2}, 5.0, kF64);
+    q[0][0][first + 1][0] = 1.0;
+    k[0][0][first][0] = -1.0;
+    k[0][0][first][1] = 0.0;
+    k[0][0][first + 1][0] = 2.0;
+    k[0][0][first + 1][1] = 0.0;
+    auto pad = padding_mask({2}, L4, left);
+    auto a = gated_attention_weights(q, k, pad, options(GatedAttentionForm::kCosine, false));
+    ASSERT_EQ(a[0][0][first + 1][first].item<double>(), 0.0) << "left=" << left;
+    auto s = topk_positions(a, gated_attention_visibility(pad, false), 2);
+    auto want = torch::zeros({1, 1, L4, L4}, torch::kBool);
+    want[0][0].narrow(0, first, 2).narrow(1, first, 2).fill_(true);
+    EXPECT_TRUE(torch::equal(s, want)) << "left=" << left << "\n" << s;
+  }
+}
+
+// The one scalar f per matrix couples rows: under causal=true with active Top-K dropout a later
+// slot rescales earlier outputs, but only through f (their dropped positions stay the same).
+TEST(GatedAttention, TopkDropoutCouplesRowsOnlyThroughOneScalar) {
+  torch::manual_seed(40);
+  const int64_t B = 1, H = 2, L = 30, t = 20;
+  auto pad = padding_mask({L}, L, true);
+  auto q = torch::randn({B, H, L, 4}, kF64), k = torch::randn({B, H, L, 4}, kF64);
+  auto q2 = q.clone(), k2 = k.clone();
+  q2.select(2, t).normal_(0.0, 3.0);
+  k2.select(2, t).normal_(0.0, 3.0);
+  for (auto form : kForms) {
+    const auto o = options(form, true, 3, 0.5, true);
+    torch::manual_seed(3);
+    auto a = gated_attention_weights(q, k, pad, o).narrow(2, 0, t);
+    torch::manual_seed(3);
+    auto a2 = gated_attention_weights(q2, k2, pad, o).narrow(2, 0, t);
+    auto ratio = (a2.sum({-2, -1}, true) / a.sum({-2, -1}, true));
+    EXPECT_LT(max_err(a2, a * ratio), 1e-12) << describe(form, true);
+    EXPECT_GT((ratio - 1).abs().max().item<double>(), 1e-9) << describe(form, true);
+  }
+}
+
+template <class F>
+void expect_error(F f, const std::string& what) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one naming '" << what << "'";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find(what), std::string::npos) << e.what_without_backtrace();
+  }
+}
+
+TEST(GatedAttention, BadArgumentsAreNamed) {
+  const int64_t B = 2, H = 2, L = 6, S = 3, E = 4;
+  auto q = torch::randn({B, H, L, S}), v = torch::randn({B, H, L, E});
+  auto pad = padding_mask({L, 4}, L, true);
+  const auto ok = options(GatedAttentionForm::kCosine, true);
+  auto with = [&](auto edit) {
+    auto o = ok;
+    edit(o);
+    return o;
+  };
+
+  expect_error([&] { gated_attention(q.select(1, 0), q, v, pad, ok); }, "q must be");
+  expect_error([&] { gated_attention(q.to(torch::kLong), q, v, pad, ok); }, "q must be");
+  expect_error([&] { gated_attention(q, q.narrow(3, 0, 2), v, pad, ok); }, "k must be");
+  expect_error([&] { gated_attention(q, q.to(torch::kFloat64), v, pad, ok); }, "k must be");
+  expect_error([&] { gated_attention(q, q, v.narrow(2, 0, L - 1), pad, ok); }, "v must be");
+  expect_error([&] { gated_attention(q, q, v.to(torch::kFloat64), pad, ok); }, "v must be");
+  expect_error([&] { gated_attention(q, q, v, pad.to(torch::kLong), ok); }, "key_padding");
+  expect_error([&] { gated_attention(q, q, v, pad.narrow(1, 0, L - 1), ok); }, "key_padding");
+  expect_error([&] { gated_attention(q, q, v, pad, with([](auto& o) { o.form = static_cast<GatedAttentionForm>(7); })); },
+               "form");
+  expect_error([&] { gated_attention(q, q, v, pad, with([](auto& o) { o.topk = -1; })); }, "topk");
+  expect_error([&] { gated_attention(q, q, v, pad, with([](auto& o) { o.topk_dropout = 1.0; })); }, "topk_dropout");
+  expect_error([&] { gated_attention(q, q, v, pad, with([](auto& o) { o.topk_dropout = -0.1; })); }, "topk_dropout");
+  // Checked in eval too, where dropout would be skipped.
+  expect_error([&] { gated_attention_weights(q, q, pad, with([](auto& o) { o.topk_dropout = 2.0; })); },
+               "topk_dropout");
+  expect_error([&] { gated_attention_weights(q, q.narrow(2, 0, 2), pad, ok); }, "k must be");
+  expect_error([&] { gated_attention_visibility(pad.to(torch::kFloat32), true); }, "key_padding");
+  auto w = gated_attention_weights(q, q, pad, ok);
+  auto visible = gated_attention_visibility(pad, true);
+  expect_error([&] { topk_positions(w, visible, 0); }, "topk");
+  expect_error([&] { topk_positions(w.select(1, 0), visible, 2); }, "weights");
+  expect_error([&] { topk_positions(w, visible.to(torch::kFloat32), 2); }, "visible");
+
+  EXPECT_EQ(seqrec::ops::parse_gated_attention_form("softmax"), GatedAttentionForm::kSoftmax);
+  EXPECT_EQ(seqrec::ops::parse_gated_attention_form("cosine"), GatedAttentionForm::kCosine);
+  for (auto form : kForms)
+    EXPECT_EQ(seqrec::ops::parse_gated_attention_form(seqrec::ops::gated_attention_form_name(form)), form);
+  EXPECT_THROW(seqrec::ops::parse_gated_attention_form("relu2"), std::invalid_argument);
+}
+
+}  // namespace
