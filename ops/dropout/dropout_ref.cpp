@@ -13,13 +13,13 @@ inline uint64_t mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-uint64_t next_seed() {
+}  // namespace
+
+uint64_t random_seed() {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   return at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
 }
-
-}  // namespace
 
 at::Tensor dropout_mask(const at::Tensor& like, double p, uint64_t seed) {
   TORCH_CHECK(p >= 0 && p < 1, "dropout probability must be in [0, 1), got ", p);
@@ -45,7 +45,7 @@ at::Tensor dropout(const at::Tensor& x, double p, bool training) {
   TORCH_CHECK(p >= 0 && p < 1, "dropout probability must be in [0, 1), got ", p);
   if (!training || p == 0) return x;
   if (!x.device().is_cpu()) return torch::dropout(x, p, true);
-  return x * dropout_mask(x, p, next_seed());
+  return x * dropout_mask(x, p, random_seed());
 }
 
 }  // namespace seqrec::ops

@@ -26,9 +26,11 @@
 //             the row has fewer; invisible and padded keys are never selected; ties broken by
 //             torch::topk),
 //   M = 1 - S ⊙ Bernoulli(p),   A' = A ⊙ M · f,   f = sum(A) / max(sum(A ⊙ M), 1e-12),
-// ONE scalar f per (b, h) matrix, the sums over the visible entries of real rows. Because f
-// couples all rows, under causal=true an output in training depends, through f, on the
-// attention mass dropped in later rows (a per-row f would not; the slides define one scalar).
+// ONE scalar f per (b, h) matrix under bidirectional attention (the slides' definition), the
+// sums over the visible entries of real rows. Under causal=true the sums run over each row
+// instead (f_i, the per-row variant of the notes): one scalar for the whole matrix would let
+// an output depend, through f, on the attention of later slots, i.e. on future items. A row
+// (matrix) whose every visible entry would be dropped is kept whole (no f can restore it).
 // Outside training, at p = 0 or topk = 0, A' = A. The Bernoulli bits are counter-based, seeded
 // by one 64-bit draw from Torch's default CPU generator (as ops::dropout), so training resumes
 // exactly from a saved RNG state and one manual_seed reproduces a run on any device.
@@ -81,8 +83,9 @@ at::Tensor gated_attention_visibility(const at::Tensor& key_padding, bool causal
 at::Tensor topk_positions(const at::Tensor& weights, const at::Tensor& visible, int64_t topk);
 
 // A' = A ⊙ M · f for weights A [B, H, L, L] that are 0 outside `visible`; A itself when
-// !training, p == 0 or topk == 0 (no generator draw then).
+// !training, p == 0 or topk == 0 (no generator draw then). per_row: f per row (causal
+// attention) instead of per matrix.
 at::Tensor topk_attention_dropout(const at::Tensor& weights, const at::Tensor& visible, int64_t topk, double p,
-                                  bool training);
+                                  bool training, bool per_row = false);
 
 }  // namespace seqrec::ops

@@ -3,13 +3,11 @@
 #include "ops/dropout/dropout.h"
 #include "ops/linear_attention/linear_attention.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <mutex>
 #include <stdexcept>
 
 namespace seqrec::ops {
@@ -22,14 +20,6 @@ constexpr double kEps = 1e-12;
 // in cache, and the cross-chunk states are L/64 matrices of [s+1 x e+1].
 constexpr int64_t kChunk = 64;
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-
-// The same stream as ops::dropout: one draw from the default CPU generator per call, so the
-// masks are part of the saved RNG state.
-uint64_t next_seed() {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
-}
 
 void check_key_padding(const at::Tensor& key_padding, int64_t B, int64_t L) {
   TORCH_CHECK(key_padding.dim() == 2 && key_padding.size(0) == B && key_padding.size(1) == L &&
@@ -134,16 +124,21 @@ at::Tensor topk_positions(const at::Tensor& weights, const at::Tensor& visible, 
 }
 
 at::Tensor topk_attention_dropout(const at::Tensor& weights, const at::Tensor& visible, int64_t topk, double p,
-                                  bool training) {
+                                  bool training, bool per_row) {
   check_topk(topk, p);
   if (!topk_dropout_active(topk, p, training)) return weights;
   auto selected = topk_positions(weights, visible, topk);
-  auto dropped = selected & dropout_mask(weights, p, next_seed()).eq(0);
+  auto dropped = selected & dropout_mask(weights, p, random_seed()).eq(0);
+  // One scalar per (b, h) matrix (the corrected Eq. 9), or per row; entries outside `visible`
+  // are 0, so these sums are the sums over visible entries. A row (matrix) that would lose all
+  // its mass (a first slot that sees only itself) is kept whole: no rescale can restore it.
+  const std::vector<int64_t> dims = per_row ? std::vector<int64_t>{-1} : std::vector<int64_t>{-2, -1};
+  auto total = weights.sum(dims, true);
   auto kept = weights.masked_fill(dropped, 0.0);
-  // One scalar per (b, h) matrix (the corrected Eq. 9); entries outside `visible` are 0, so the
-  // whole-matrix sums are the sums over visible entries.
-  auto f = weights.sum({-2, -1}, true) / kept.sum({-2, -1}, true).clamp_min(kEps);
-  return kept * f;
+  auto kept_total = kept.sum(dims, true);
+  auto emptied = kept_total.le(0).logical_and(total.gt(0));
+  kept = torch::where(emptied, weights, kept);
+  return kept * (total / torch::where(emptied, total, kept_total).clamp_min(kEps));
 }
 
 at::Tensor gated_attention_weights(const at::Tensor& q, const at::Tensor& k, const at::Tensor& key_padding,
@@ -151,7 +146,7 @@ at::Tensor gated_attention_weights(const at::Tensor& q, const at::Tensor& k, con
   check_qk(q, k, key_padding, options);
   auto visible = gated_attention_visibility(key_padding, options.causal);
   return topk_attention_dropout(plain_weights(q, k, key_padding, visible, options.form), visible, options.topk,
-                                options.topk_dropout, options.training);
+                                options.topk_dropout, options.training, /*per_row=*/options.causal);
 }
 
 at::Tensor gated_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -46,13 +46,6 @@ using torch::autograd::variable_list;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// One draw from Torch's default CPU generator, as ops::dropout does.
-uint64_t next_seed() {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
-}
-
 // Running state of both aggregations before a chunk: interests [0, k) aggregate the keys,
 // [k, 2k) the values.
 struct State {
@@ -429,7 +422,7 @@ struct CausalInterestAttention : public torch::autograd::Function<CausalInterest
     auto P = make_plan(q, k, logits_k, chunk);
     at::Tensor mask;
     if (use_mask) {
-      const uint64_t seed = next_seed();
+      const uint64_t seed = random_seed();
       ctx->saved_data["seed"] = static_cast<int64_t>(seed);
       mask = make_mask(q, P.K, dropout, seed);
     }
@@ -548,7 +541,7 @@ at::Tensor causal_interest_attention(const at::Tensor& q, const at::Tensor& k, c
     torch::NoGradGuard no_grad;
     auto P = make_plan(q, k, logits_k, chunk);
     at::Tensor mask;
-    if (use_mask) mask = make_mask(q, P.K, dropout, next_seed());
+    if (use_mask) mask = make_mask(q, P.K, dropout, random_seed());
     return scan_forward(P, q, k, v, torch::cat({logits_k, logits_v}, 2), key_padding, mask, nullptr);
   }
   return CausalInterestAttention::apply(q, k, v, logits_k, logits_v, key_padding, dropout, use_mask, chunk)[0];
