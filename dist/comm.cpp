@@ -37,6 +37,10 @@ class LocalComm : public Comm {
     return send.clone();  // a copy, as under MPI: the caller may overwrite `send` afterwards
   }
   void barrier() override {}
+  std::unique_ptr<Comm> split(int color, int key) override {
+    if (color < 0) throw std::invalid_argument("split: color must be >= 0, got " + std::to_string(color));
+    return make_local_comm();
+  }
   [[noreturn]] void abort(int code) override { std::_Exit(code); }
 };
 

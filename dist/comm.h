@@ -45,6 +45,10 @@ class Comm {
   virtual at::Tensor all_to_all(const at::Tensor& send, const std::vector<int64_t>& send_counts,
                                 std::vector<int64_t>* recv_counts = nullptr) = 0;
   virtual void barrier() = 0;
+  // Collective over this communicator: the ranks passing one color (>= 0) form a new
+  // communicator, ranked by key (ties by rank here). For expert-parallel groups and the
+  // groups of ranks holding replicas of one expert.
+  virtual std::unique_ptr<Comm> split(int color, int key) = 0;
   // Ends every process of the job with `code` (no hang when one rank fails).
   [[noreturn]] virtual void abort(int code) = 0;
 

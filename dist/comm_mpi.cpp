@@ -114,10 +114,28 @@ class MpiComm : public Comm {
     MPI_CHECK(MPI_Comm_size(local, &local_size_));
     MPI_Comm_free(&local);
   }
+  // A sub-communicator of `parent` (from split()); MPI stays initialised by the world's Comm.
+  explicit MpiComm(MPI_Comm sub) : comm_(sub) {
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    MPI_Comm local;
+    MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
+    MPI_CHECK(MPI_Comm_rank(local, &local_rank_));
+    MPI_CHECK(MPI_Comm_size(local, &local_size_));
+    MPI_Comm_free(&local);
+  }
   ~MpiComm() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
+    if (comm_ != MPI_COMM_WORLD && !finalized) MPI_Comm_free(&comm_);
     if (owns_init_ && !finalized) MPI_Finalize();
+  }
+  std::unique_ptr<Comm> split(int color, int key) override {
+    if (color < 0) throw std::invalid_argument("split: color must be >= 0, got " + std::to_string(color));
+    MPI_Comm sub;
+    MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
+    return std::unique_ptr<Comm>(new MpiComm(sub));
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -129,7 +147,7 @@ class MpiComm : public Comm {
     require_cpu_contiguous(t, "all_reduce");
     auto* base = static_cast<char*>(t.data_ptr());
     chunked(t.numel(), t.element_size(), [&](size_t byte_off, int count) {
-      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, base + byte_off, count, mpi_type(t), mpi_op(op), MPI_COMM_WORLD));
+      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, base + byte_off, count, mpi_type(t), mpi_op(op), comm_));
     });
   }
   void broadcast(at::Tensor& t, int root) override {
@@ -137,7 +155,7 @@ class MpiComm : public Comm {
     if (root < 0 || root >= size_) throw std::invalid_argument("broadcast root " + std::to_string(root) + " out of range");
     auto* base = static_cast<char*>(t.data_ptr());
     chunked(t.numel(), t.element_size(), [&](size_t byte_off, int count) {
-      MPI_CHECK(MPI_Bcast(base + byte_off, count, mpi_type(t), root, MPI_COMM_WORLD));
+      MPI_CHECK(MPI_Bcast(base + byte_off, count, mpi_type(t), root, comm_));
     });
   }
   at::Tensor all_gather(const at::Tensor& t) override {
@@ -147,7 +165,7 @@ class MpiComm : public Comm {
     auto out = torch::empty(shape, t.options());
     if (t.numel() * size_ > INT_MAX) throw std::invalid_argument("all_gather: tensor too large");
     MPI_CHECK(MPI_Allgather(t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t), out.data_ptr(),
-                            static_cast<int>(t.numel()), mpi_type(t), MPI_COMM_WORLD));
+                            static_cast<int>(t.numel()), mpi_type(t), comm_));
     return out;
   }
   at::Tensor all_to_all(const at::Tensor& send, const std::vector<int64_t>& send_counts,
@@ -173,7 +191,7 @@ class MpiComm : public Comm {
       f[kShape] = shape_fp;
       f[kSendRows] = send.size(0);
     }
-    MPI_CHECK(MPI_Alltoall(mine.data(), kFields, MPI_INT64_T, theirs.data(), kFields, MPI_INT64_T, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Alltoall(mine.data(), kFields, MPI_INT64_T, theirs.data(), kFields, MPI_INT64_T, comm_));
     auto field = [&](int r, int k) { return theirs[static_cast<size_t>(r) * kFields + k]; };
 
     std::vector<int64_t> counts(size_);
@@ -218,7 +236,7 @@ class MpiComm : public Comm {
                                   " bytes, over the MPI limit of " + std::to_string(INT_MAX) + " bytes for a row");
     if (all_rows > INT_MAX) {
       int64_t max_recv_rows = recv_rows;
-      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &max_recv_rows, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &max_recv_rows, 1, MPI_INT64_T, MPI_MAX, comm_));
       if (max_recv_rows > INT_MAX)
         throw std::invalid_argument("all_to_all: a rank would receive " + std::to_string(max_recv_rows) +
                                     " rows (this rank " + std::to_string(recv_rows) +
@@ -242,11 +260,11 @@ class MpiComm : public Comm {
     MPI_CHECK(MPI_Type_contiguous(static_cast<int>(row_bytes), MPI_BYTE, &row.t));
     MPI_CHECK(MPI_Type_commit(&row.t));
     MPI_CHECK(MPI_Alltoallv(send.data_ptr(), scounts.data(), sdispls.data(), row.t, out.data_ptr(), rcounts.data(),
-                            rdispls.data(), row.t, MPI_COMM_WORLD));
+                            rdispls.data(), row.t, comm_));
     if (recv_counts) *recv_counts = std::move(counts);
     return out;
   }
-  void barrier() override { MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
+  void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);
@@ -255,6 +273,7 @@ class MpiComm : public Comm {
  private:
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   bool owns_init_ = false;
+  MPI_Comm comm_ = MPI_COMM_WORLD;
 };
 
 }  // namespace

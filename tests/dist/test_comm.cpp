@@ -300,6 +300,22 @@ TEST(DataParallel, BucketedSumMeanAndBroadcast) {
   EXPECT_EQ(params[1].abs().sum().item<double>(), 0.0);
 }
 
+// Even and odd ranks form two groups; each group's collectives see only its members.
+TEST(Comm, SplitFormsIndependentGroups) {
+  const int r = comm().rank(), n = comm().size();
+  auto group = comm().split(r % 2, r);
+  auto sum = torch::ones({3}, torch::kInt64) * (r + 1);
+  group->all_reduce(sum);
+  auto gathered = group->all_gather(torch::full({1}, r, torch::kInt64));
+  int64_t expect = 0, members = 0;
+  for (int q = r % 2; q < n; q += 2) expect += q + 1, ++members;
+  EXPECT_EQ(group->size(), members);
+  EXPECT_EQ(group->rank(), r / 2);
+  EXPECT_TRUE(torch::equal(sum, torch::full({3}, expect, torch::kInt64)));
+  for (int64_t i = 0; i < members; ++i) EXPECT_EQ(gathered[i][0].item<int64_t>(), r % 2 + 2 * i);
+  EXPECT_THROW(comm().split(-1, 0), std::invalid_argument);
+}
+
 TEST(Comm, MakeCommRejectsUnknownBackend) { EXPECT_THROW(make_comm("carrier-pigeon"), std::invalid_argument); }
 
 }  // namespace
