@@ -34,7 +34,7 @@ DEFINE_int64(events, 50000, "synth: number of events in total");
 DEFINE_int32(clusters, 0, "synth: item clusters with Markov transitions; 0 = sqrt(items)");
 // train / eval
 DEFINE_string(data, "", "dataset directory made by 'seqrec prepare' or 'seqrec synth'");
-DEFINE_string(model, "sasrec", "model: sasrec | lisa | lightsans | linrec | routing");
+DEFINE_string(model, "sasrec", "model: sasrec | lisa | lightsans | linrec | routing | flash4rec");
 DEFINE_int64(max_len, 200, "most recent items kept per sequence");
 DEFINE_int64(hidden, 50, "hidden size d");
 DEFINE_int64(blocks, 2, "attention blocks");
@@ -68,6 +68,22 @@ DEFINE_int64(routing_chunk, 0, "routing: slots per causal routing chunk S; 0 = r
 DEFINE_int64(local_window, 0, "routing: keys a local head sees (itself included); 0 = 2 x routing chunk");
 DEFINE_double(routing_decay, 0.999, "routing: EMA decay of the centroid statistics (all-reduced)");
 DEFINE_double(routing_commitment, 1e-4, "routing: weight of the commitment term ||r - sg(mu)||^2");
+DEFINE_string(flash_unit, "gau", "flash4rec: gau (gated attention unit) | mhsa (softmax multi-head attention: "
+              "the 'without gated attention' ablation)");
+DEFINE_string(flash_attention, "softmax", "flash4rec: softmax | cosine (the O(L) '1 + cos' form)");
+DEFINE_int64(flash_expansion, 2, "flash4rec: value/gate width e = expansion x hidden");
+DEFINE_int64(flash_qk_dim, 0, "flash4rec: width s of the shared query/key base; 0 = min(128, e)");
+DEFINE_string(flash_user, "features",
+              "flash4rec: the gate's user input: features (the dataset's user features) | embedding (learned "
+              "per user) | zero | none (item-only gate: the 'without user gate' ablation)");
+DEFINE_int64(topk_dropout_k, 10, "flash4rec: Top-K attention dropout's k; 0 = off");
+DEFINE_double(topk_dropout, 0.1, "flash4rec: Top-K attention dropout rate; 0 = off");
+DEFINE_int64(moe_experts, 4, "flash4rec: experts per mixture-of-experts layer; 0 = dense FFN ('without MoE')");
+DEFINE_int64(moe_top_k, 1, "flash4rec: experts per token");
+DEFINE_double(capacity_factor, 1.25, "flash4rec: expert capacity = ceil(factor x top_k x tokens / experts); "
+              "tokens over it skip the layer");
+DEFINE_bool(moe_noise, true, "flash4rec: noisy top-k gating in training");
+DEFINE_double(moe_balance, 0.01, "flash4rec: load-balancing loss weight");
 DEFINE_string(loss, "bce", "bce (one sampled negative per position) | ce (softmax over all items)");
 DEFINE_double(lr, 1e-3, "Adam learning rate");
 DEFINE_double(beta1, 0.9, "Adam beta1");
@@ -90,6 +106,9 @@ DEFINE_int64(eval_batch, 64, "users scored per forward pass in evaluation");
 DEFINE_string(resume, "", "'auto' (newest complete checkpoint in --out), a checkpoint directory, or empty");
 DEFINE_int64(checkpoint_every, 0, "also checkpoint every N steps; 0 = at each validation only");
 DEFINE_int32(keep_checkpoints, 3, "complete checkpoints kept");
+DEFINE_int32(expert_parallel, 1,
+             "ranks per expert-parallel group: each holds 1/N of every mixture-of-experts layer's experts "
+             "(divides the number of ranks and --moe_experts)");
 DEFINE_int64(replica_check_every, 100,
              "steps between checks that every rank holds the same parameters and EMA buffers "
              "(also before each checkpoint); 0 = before checkpoints only");
@@ -134,7 +153,7 @@ const std::map<std::string, Subcommand>& subcommands() {
         train_flags({"data", "out"}, {"mask_prob", "loss", "lr",
          "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm", "warmup_steps", "epochs", "batch_size", "eval_every",
          "patience", "select_metric", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",
-         "full_ranking", "eval_batch", "resume", "checkpoint_every", "keep_checkpoints", "replica_check_every", "max_steps",
+         "full_ranking", "eval_batch", "resume", "checkpoint_every", "keep_checkpoints", "expert_parallel", "replica_check_every", "max_steps",
          "final_test", "log_every", "prefetch", "length_groups", "seed", "comm"})}},
       {"eval",
        {"evaluate a checkpoint on the valid or test split",

@@ -57,6 +57,7 @@ DECLARE_string(resume);
 DECLARE_int64(checkpoint_every);
 DECLARE_int32(keep_checkpoints);
 DECLARE_int64(replica_check_every);
+DECLARE_int32(expert_parallel);
 DECLARE_int64(max_steps);
 DECLARE_bool(final_test);
 DECLARE_double(log_every);

@@ -173,7 +173,10 @@ models::ModelOptions model_options_from_flags() {
     }
   }
   m.init_seed = FLAGS_seed;
-  m.num_items = 1;  // replaced by the dataset's count; validated here for the other fields
+  // Replaced by the dataset's values; placeholders here so that the other fields validate.
+  m.num_items = 1;
+  m.num_users = 1;
+  m.user_feature_cardinalities = {1};
   try {
     models::validate(m);
   } catch (const std::invalid_argument& e) {
@@ -199,6 +202,7 @@ int cmd_train(dist::Comm& comm) {
   require(FLAGS_keep_checkpoints > 0, "--keep_checkpoints must be > 0");
   require(FLAGS_mask_prob > 0 && FLAGS_mask_prob < 1, "--mask_prob must be in (0, 1)");
   require(FLAGS_replica_check_every >= 0, "--replica_check_every must be >= 0");
+  require(FLAGS_expert_parallel >= 1, "--expert_parallel must be >= 1");
   require(FLAGS_checkpoint_every >= 0 && FLAGS_max_steps >= 0 && FLAGS_warmup_steps >= 0,
           "--checkpoint_every, --max_steps and --warmup_steps must be >= 0");
   const std::set<std::string> metrics = {"HR@5", "HR@10", "HR@20", "NDCG@5", "NDCG@10", "NDCG@20",
@@ -234,6 +238,7 @@ int cmd_train(dist::Comm& comm) {
   o.keep_checkpoints = FLAGS_keep_checkpoints;
   o.mask_prob = FLAGS_mask_prob;
   o.replica_check_every = FLAGS_replica_check_every;
+  o.expert_parallel = FLAGS_expert_parallel;
   o.max_steps = FLAGS_max_steps;
   o.final_test = FLAGS_final_test;
   o.log_every_seconds = FLAGS_log_every;

@@ -1,6 +1,7 @@
 #include "models/backbone.h"
 
 #include <cmath>
+#include <set>
 #include <stdexcept>
 
 #include "ops/dropout/dropout.h"
@@ -176,8 +177,15 @@ class TransformerRecImpl : public torch::nn::Module {
 void initialise(TransformerRecImpl& m, uint64_t seed) {
   torch::NoGradGuard no_grad;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  // Position-wise modules (the mixture of experts) initialise themselves, each expert from its
+  // own seed: which experts a rank holds must not shift the shared stream below.
+  std::set<const void*> own;
+  for (auto& b : m.blocks())
+    if (auto* ff = b->feed_forward())
+      for (auto& t : ff->parameters()) own.insert(t.unsafeGetTensorImpl());
   for (auto& p : m.named_parameters()) {
     auto& t = p.value();
+    if (own.count(t.unsafeGetTensorImpl())) continue;
     const auto& name = p.key();
     if (t.dim() >= 2) {
       const double fan_in = t.size(1), fan_out = t.size(0);
@@ -239,6 +247,14 @@ class BackboneModel : public SequenceModel {
     return out;
   }
   void set_training(bool on) override { net_->train(on); }
+  std::vector<std::string> expert_parameters() override {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < net_->blocks().size(); ++i)
+      if (auto* ff = net_->blocks()[i]->feed_forward())
+        for (auto& p : ff->named_parameters())
+          if (ff->is_expert_parameter(p.key())) out.push_back("block" + std::to_string(i) + ".moe." + p.key());
+    return out;
+  }
   // The coder's statistics first, then each block's attention's, in a fixed order on
   // every rank.
   std::vector<at::Tensor> pending_statistics() override {

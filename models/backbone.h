@@ -21,6 +21,8 @@ class FeedForwardModuleImpl : public torch::nn::Module {
  public:
   virtual at::Tensor forward(const at::Tensor& x, AttentionContext& ctx) = 0;
   virtual at::Tensor take_auxiliary_loss() { return {}; }
+  // Whether a parameter key (relative to this module) belongs to an expert.
+  virtual bool is_expert_parameter(const std::string& key) const { return false; }
 };
 using FeedForwardFactory = std::function<std::shared_ptr<FeedForwardModuleImpl>(int64_t layer)>;
 
@@ -37,12 +39,16 @@ struct BackboneSpec {
 
 std::unique_ptr<SequenceModel> make_backbone_model(const ModelOptions& options, BackboneSpec spec);
 
+// SASRec's multi-head softmax attention (models/sasrec.cpp), for models that offer it as an
+// alternative unit (FLASH4Rec without gated attention).
+std::shared_ptr<AttentionModuleImpl> make_softmax_attention(const ModelOptions& options);
+
 // One factory per --model, defined in models/<model>.cpp.
 std::unique_ptr<SequenceModel> make_sasrec(const ModelOptions& options);
 std::unique_ptr<SequenceModel> make_linrec(const ModelOptions& options);
 std::unique_ptr<SequenceModel> make_lightsans(const ModelOptions& options);
 std::unique_ptr<SequenceModel> make_lisa(const ModelOptions& options);
 std::unique_ptr<SequenceModel> make_routing(const ModelOptions& options);
-std::unique_ptr<SequenceModel> make_flash4rec(const ModelOptions& options);
+std::unique_ptr<SequenceModel> make_flash4rec(const ModelOptions& options, const ModelRuntime& runtime);
 
 }  // namespace seqrec::models

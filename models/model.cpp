@@ -15,12 +15,17 @@ namespace {
 
 struct Entry {
   const char* name;
-  std::unique_ptr<SequenceModel> (*make)(const ModelOptions&);
+  std::unique_ptr<SequenceModel> (*make)(const ModelOptions&, const ModelRuntime&);
 };
+// Models without run-time needs ignore the runtime.
+template <std::unique_ptr<SequenceModel> (*F)(const ModelOptions&)>
+std::unique_ptr<SequenceModel> plain(const ModelOptions& o, const ModelRuntime&) {
+  return F(o);
+}
 const std::vector<Entry>& registry() {
   static const std::vector<Entry> table = {
-      {"sasrec", make_sasrec},   {"lisa", make_lisa},       {"lightsans", make_lightsans},
-      {"linrec", make_linrec},   {"routing", make_routing}};
+      {"sasrec", plain<make_sasrec>}, {"lisa", plain<make_lisa>},       {"lightsans", plain<make_lightsans>},
+      {"linrec", plain<make_linrec>}, {"routing", plain<make_routing>}, {"flash4rec", make_flash4rec}};
   return table;
 }
 
@@ -44,6 +49,8 @@ std::vector<std::string> known_models() {
   for (auto& e : registry()) names.push_back(e.name);
   return names;
 }
+
+void validate_flash4rec(const ModelOptions& o);
 
 void validate(const ModelOptions& o) {
   auto fail = [](const std::string& m) { throw std::invalid_argument(m); };
@@ -92,6 +99,7 @@ void validate(const ModelOptions& o) {
   }
   if (o.model == "linrec" && o.linrec_norm != "paper" && o.linrec_norm != "code")
     fail("unknown linrec_norm '" + o.linrec_norm + "' (known: paper, code)");
+  if (o.model == "flash4rec") validate_flash4rec(o);
   if (o.model == "routing") {
     if (o.routing_heads < 1 || o.routing_heads > o.heads)
       fail("routing_heads must be in [1, heads = " + std::to_string(o.heads) + "], got " +
@@ -103,6 +111,32 @@ void validate(const ModelOptions& o) {
     if (!(o.routing_decay > 0 && o.routing_decay < 1))
       fail("routing_decay must be in (0, 1), got " + std::to_string(o.routing_decay));
     if (!(o.routing_commitment >= 0)) fail("routing_commitment must be >= 0, got " + std::to_string(o.routing_commitment));
+  }
+}
+
+void validate_flash4rec(const ModelOptions& o) {
+  auto fail = [](const std::string& m) { throw std::invalid_argument(m); };
+  if (o.flash_unit != "gau" && o.flash_unit != "mhsa") fail("unknown flash_unit '" + o.flash_unit + "' (known: gau, mhsa)");
+  if (o.flash_attention != "softmax" && o.flash_attention != "cosine")
+    fail("unknown flash_attention '" + o.flash_attention + "' (known: softmax, cosine)");
+  if (o.flash_expansion < 1) fail("flash_expansion must be >= 1, got " + std::to_string(o.flash_expansion));
+  if (o.flash_qk_dim < 0) fail("flash_qk_dim must be >= 0 (0 = min(128, e)), got " + std::to_string(o.flash_qk_dim));
+  if (o.flash_user != "features" && o.flash_user != "embedding" && o.flash_user != "zero" && o.flash_user != "none")
+    fail("unknown flash_user '" + o.flash_user + "' (known: features, embedding, zero, none)");
+  if (o.flash_user == "features" && o.user_feature_cardinalities.empty())
+    fail("flash_user features: the dataset has no user features (prepare it with --user_features, or use "
+         "--flash_user embedding|zero|none)");
+  if (o.flash_user == "embedding" && o.num_users <= 0)
+    fail("flash_user embedding needs the dataset's user count, got " + std::to_string(o.num_users));
+  if (o.topk_dropout_k < 0) fail("topk_dropout_k must be >= 0, got " + std::to_string(o.topk_dropout_k));
+  if (!(o.topk_dropout >= 0 && o.topk_dropout < 1)) fail("topk_dropout must be in [0, 1), got " + std::to_string(o.topk_dropout));
+  if (o.moe_experts < 0) fail("moe_experts must be >= 0 (0 = dense FFN), got " + std::to_string(o.moe_experts));
+  if (o.moe_experts > 0) {
+    if (o.moe_top_k < 1 || o.moe_top_k > o.moe_experts)
+      fail("moe_top_k must be in [1, moe_experts = " + std::to_string(o.moe_experts) + "], got " +
+           std::to_string(o.moe_top_k));
+    if (!(o.capacity_factor > 0)) fail("capacity_factor must be > 0, got " + std::to_string(o.capacity_factor));
+    if (!(o.moe_balance >= 0)) fail("moe_balance must be >= 0, got " + std::to_string(o.moe_balance));
   }
 }
 
@@ -167,6 +201,18 @@ const std::vector<Field>& fields() {
       {"local_window", {"routing"}, &O::local_window},
       {"routing_decay", {"routing"}, &O::routing_decay},
       {"routing_commitment", {"routing"}, &O::routing_commitment},
+      {"flash_unit", {"flash4rec"}, &O::flash_unit},
+      {"flash_attention", {"flash4rec"}, &O::flash_attention},
+      {"flash_expansion", {"flash4rec"}, &O::flash_expansion},
+      {"flash_qk_dim", {"flash4rec"}, &O::flash_qk_dim},
+      {"flash_user", {"flash4rec"}, &O::flash_user},
+      {"topk_dropout_k", {"flash4rec"}, &O::topk_dropout_k},
+      {"topk_dropout", {"flash4rec"}, &O::topk_dropout},
+      {"moe_experts", {"flash4rec"}, &O::moe_experts},
+      {"moe_top_k", {"flash4rec"}, &O::moe_top_k},
+      {"capacity_factor", {"flash4rec"}, &O::capacity_factor},
+      {"moe_noise", {"flash4rec"}, &O::moe_noise},
+      {"moe_balance", {"flash4rec"}, &O::moe_balance},
   };
   return table;
 }
@@ -289,10 +335,10 @@ double compression_ratio(const ModelOptions& o) {
   return 4.0 * N * D / bytes;
 }
 
-std::unique_ptr<SequenceModel> make_model(const ModelOptions& o) {
+std::unique_ptr<SequenceModel> make_model(const ModelOptions& o, const ModelRuntime& runtime) {
   validate(o);
   for (auto& e : registry())
-    if (o.model == e.name) return e.make(o);
+    if (o.model == e.name) return e.make(o, runtime);
   throw std::invalid_argument("unknown model '" + o.model + "'");
 }
 

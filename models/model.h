@@ -9,6 +9,10 @@
 #include <utility>
 #include <vector>
 
+namespace seqrec::dist {
+class Comm;
+}
+
 namespace seqrec::models {
 
 struct ModelOptions {
@@ -55,6 +59,27 @@ struct ModelOptions {
   int64_t local_window = 0;          // keys a local head sees (itself included); 0 = 2 S
   double routing_decay = 0.999;      // EMA decay of the centroid statistics
   double routing_commitment = 1e-4;  // weight of ||r - sg(mu)||^2 per routed item and head
+  // flash4rec (FLASH4Rec slides + FLASH's gated attention unit; see models/flash4rec.cpp)
+  std::string flash_unit = "gau";        // gau (gated attention unit) | mhsa ("w/o gated attention")
+  std::string flash_attention = "softmax";  // softmax | cosine (the slides' O(L) "1 + cos" form)
+  int64_t flash_expansion = 2;           // e = expansion x hidden: width of the value and gate
+  int64_t flash_qk_dim = 0;              // s: width of the shared query/key base; 0 = min(128, e)
+  std::string flash_user = "features";   // gate input: features | embedding (learned per user) |
+                                         // zero (a zero vector) | none (item-only gate, "w/o user gate")
+  int64_t topk_dropout_k = 10;           // Top-K attention dropout's k; 0 = off
+  double topk_dropout = 0.1;             // its rate p; 0 = off ("w/o Top-K dropout")
+  int64_t moe_experts = 4;               // E experts per block; 0 = dense FFN ("w/o MoE")
+  int64_t moe_top_k = 1;                 // experts per token (the slides: top-1)
+  double capacity_factor = 1.25;         // expert capacity = ceil(cf x k x tokens / E)
+  bool moe_noise = true;                 // noisy gating in training
+  double moe_balance = 0.01;             // load-balancing loss weight
+};
+
+// What a model needs from the run beyond its options: the communicators of the
+// mixture-of-experts layers (FLASH4Rec). Absent = one process holding every expert.
+struct ModelRuntime {
+  dist::Comm* world = nullptr;         // the data-parallel world
+  dist::Comm* expert_group = nullptr;  // this rank's expert-parallel group
 };
 
 // The routing sizes with the automatic (0) values resolved.
@@ -129,6 +154,9 @@ class SequenceModel {
   // (never the cloze [mask] row).
   virtual at::Tensor item_embeddings() = 0;
   virtual NamedTensors named_parameters() = 0;
+  // The parameters of mixture-of-experts experts (keys carry global expert ids): under expert
+  // parallelism each rank holds only its share of them; empty for models without experts.
+  virtual std::vector<std::string> expert_parameters() { return {}; }
   // State that is not trained by gradient but must be checkpointed (EMA statistics, ...).
   virtual NamedTensors named_buffers() = 0;
   virtual void set_training(bool on) = 0;
@@ -152,7 +180,7 @@ class SequenceModel {
 double compression_ratio(const ModelOptions& options);
 
 // Throws std::invalid_argument for an unknown model name (listing the known ones).
-std::unique_ptr<SequenceModel> make_model(const ModelOptions& options);
+std::unique_ptr<SequenceModel> make_model(const ModelOptions& options, const ModelRuntime& runtime = {});
 
 std::vector<std::string> known_models();
 

@@ -61,11 +61,13 @@ class SoftmaxAttentionImpl : public AttentionModuleImpl {
 
 }  // namespace
 
+std::shared_ptr<AttentionModuleImpl> make_softmax_attention(const ModelOptions& o) {
+  return std::make_shared<SoftmaxAttentionImpl>(o.hidden, o.heads, o.dropout);
+}
+
 std::unique_ptr<SequenceModel> make_sasrec(const ModelOptions& o) {
   BackboneSpec spec;
-  spec.attention = [o](int64_t) {
-    return std::make_shared<SoftmaxAttentionImpl>(o.hidden, o.heads, o.dropout);
-  };
+  spec.attention = [o](int64_t) { return make_softmax_attention(o); };
   return make_backbone_model(o, spec);
 }
 

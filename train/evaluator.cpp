@@ -119,9 +119,17 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
   const int64_t extra = cloze ? 1 : 0;
   const int64_t num_features = static_cast<int64_t>(meta.user_feature_cardinalities.size());
   std::vector<uint8_t> seen(N + 1, 0);
-  for (size_t b0 = 0; b0 < users.size(); b0 += options.batch_users) {
-    const int64_t nb = std::min<int64_t>(options.batch_users, users.size() - b0);
-    const int64_t L = std::min(options.max_len, seqs.length(users[b0]) - history_offset + extra);
+  int64_t batches = (static_cast<int64_t>(users.size()) + options.batch_users - 1) / options.batch_users;
+  if (options.lockstep) {
+    auto most = torch::tensor({batches}, torch::kInt64);
+    comm.all_reduce(most, dist::ReduceOp::kMax);
+    batches = most.item<int64_t>();
+  }
+  for (int64_t batch = 0; batch < batches; ++batch) {
+    const size_t b0 = static_cast<size_t>(batch * options.batch_users);
+    const int64_t nb = std::min<int64_t>(options.batch_users, std::max<int64_t>(0, users.size() - b0));
+    // An empty batch (lockstep only) still runs the model's forward once, on no rows.
+    const int64_t L = nb == 0 ? 1 : std::min(options.max_len, seqs.length(users[b0]) - history_offset + extra);
     auto input = torch::zeros({nb, L}, torch::kInt64);
     auto targets = torch::zeros({nb}, torch::kInt64);
     auto cands = protocol.sampled ? torch::zeros({nb, C}, torch::kInt64) : at::Tensor();
@@ -164,7 +172,8 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
       }
     }
     models::UserInput who;
-    who.ids = torch::from_blob(const_cast<int64_t*>(users.data() + b0), {nb}, torch::kInt64).clone();
+    who.ids = nb == 0 ? torch::zeros({0}, torch::kInt64)
+                      : torch::from_blob(const_cast<int64_t*>(users.data() + b0), {nb}, torch::kInt64).clone();
     if (num_features > 0) {
       auto table_f = torch::from_blob(const_cast<int32_t*>(seqs.user_features.data()),
                                       {seqs.num_users(), num_features}, torch::kInt32);

@@ -35,6 +35,9 @@ struct EvalOptions {
   int64_t batch_users = 64;  // small batches keep the [B, L, L] attention in cache
   uint64_t seed = 42;
   std::vector<int> ks{5, 10, 20};
+  // Every rank runs the same number of forward passes (empty ones when it has fewer users):
+  // for models with collectives inside forward (the mixture of experts across ranks).
+  bool lockstep = false;
 };
 
 struct EvalResult {

@@ -70,16 +70,18 @@ void Adam::load_state(const std::vector<std::pair<std::string, at::Tensor>>& sta
   step_ = s->second.item<int64_t>();
 }
 
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, double extra_sq,
+                      const std::vector<at::Tensor>& also_scaled) {
   torch::NoGradGuard no_grad;
-  double sq = 0;
+  double sq = extra_sq;
   for (auto& p : params)
     if (p.grad().defined()) sq += p.grad().pow(2).sum().item<double>();
   const double norm = std::sqrt(sq);
   if (max_norm > 0 && norm > max_norm) {
     const double scale = max_norm / (norm + 1e-6);
-    for (auto& p : params)
-      if (p.grad().defined()) p.mutable_grad().mul_(scale);
+    for (const auto* list : {&params, &also_scaled})
+      for (auto& p : *list)
+        if (p.grad().defined()) p.mutable_grad().mul_(scale);
   }
   return norm;
 }

@@ -39,6 +39,9 @@ class Adam {
 };
 
 // Scales gradients so their global L2 norm is at most max_norm; returns the norm before.
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+// extra_sq: squared norm of gradients held elsewhere (other ranks' expert shards), counted in
+// the norm; also_scaled: further gradients scaled by the same factor (this rank's shards).
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, double extra_sq = 0,
+                      const std::vector<at::Tensor>& also_scaled = {});
 
 }  // namespace seqrec::train

@@ -10,6 +10,7 @@
 #include <iomanip>
 #include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -128,7 +129,14 @@ at::Tensor rows_loss_sum(models::SequenceModel& model, const at::Tensor& table, 
 // counted from the right, so dropping a slice's common padding changes nothing but the
 // work: on ML-1M at max_len 200 almost half of all slots are padding.
 at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b, const models::UserInput& users,
-                          const std::string& kind, int64_t groups) {
+                          const std::string& kind, int64_t groups, bool whole) {
+  if (whole) {
+    // One forward over every row in batch order, even none: a mixture of experts' capacity and
+    // token priority are defined on the batch as it is, and its collectives need every rank.
+    auto total = rows_loss_sum(model, model.item_embeddings(), b.input, users, b.pos, b.neg, kind);
+    auto aux = model.take_auxiliary_loss();
+    return aux.defined() ? total + aux : total;
+  }
   const int64_t n = b.input.size(0), L = b.input.size(1);
   // Widths from the inputs: under the cloze objective only the masked slots are targets.
   auto lengths = b.input.ne(0).sum(1);
@@ -217,12 +225,57 @@ std::string fmt(double v, int precision = 4) {
   return s.str();
 }
 
+// How parameters are spread over the ranks. Without expert parallelism every parameter is
+// replicated on every rank. With --expert_parallel P, consecutive groups of P ranks each hold
+// all E experts of every mixture-of-experts layer, E/P per rank (keys carry global expert ids);
+// the ranks holding the same experts in different groups form a replica group.
+struct Layout {
+  std::unique_ptr<dist::Comm> ep_owned, replicas_owned;
+  dist::Comm* ep = nullptr;        // this rank's expert-parallel group; null without EP
+  dist::Comm* replicas = nullptr;  // the ranks holding this rank's experts; null when alone
+  std::set<std::string> experts;   // sharded parameter names (expert parallel only)
+  // The model runs collectives inside forward (the MoE's global token counts), so every rank
+  // must run every forward and backward, empty batches included.
+  bool lockstep = false;
+
+  bool sharded(const std::string& name) const { return experts.count(name) > 0; }
+};
+
+// Group 0 of the expert-parallel layout gathers every expert's tensor, so that rank 0 writes
+// all experts under their global ids (a run saved at P ranks loads at any other layout).
+// `local` is in the same order on every rank (E/P experts of equal shapes each).
+void gather_experts(dist::Comm& ep, const std::vector<std::pair<std::string, at::Tensor>>& local,
+                    std::vector<std::pair<std::string, at::Tensor>>& out) {
+  std::string names;
+  for (auto& [n, t] : local) names += n + "\n";
+  const auto all_names = ep.all_gather_string(names);
+  for (size_t i = 0; i < local.size(); ++i) {
+    auto all = ep.all_gather(local[i].second.detach().contiguous());
+    for (int r = 0; r < ep.size(); ++r) {
+      std::istringstream in(all_names[r]);
+      std::string n;
+      for (size_t j = 0; j <= i; ++j) std::getline(in, n);
+      out.emplace_back(n, all[r].clone());
+    }
+  }
+}
+
 TensorBundle make_snapshot(models::SequenceModel& model, const Adam& adam, const io::Cursor& cursor,
-                           const Progress& p, const TrainOptions& o, int world) {
+                           const Progress& p, const TrainOptions& o, int world, const Layout& layout, int rank) {
   TensorBundle b;
-  for (auto& [n, t] : model.named_parameters()) b.tensors.emplace_back("param/" + n, t.detach());
+  std::vector<std::pair<std::string, at::Tensor>> experts;
+  for (auto& [n, t] : model.named_parameters()) {
+    if (layout.sharded(n)) experts.emplace_back("param/" + n, t.detach());
+    else b.tensors.emplace_back("param/" + n, t.detach());
+  }
   for (auto& [n, t] : model.named_buffers()) b.tensors.emplace_back("buffer/" + n, t.detach());
-  for (auto& [n, t] : adam.state()) b.tensors.emplace_back("adam/" + n, t);
+  for (auto& [n, t] : adam.state()) {
+    const auto slash = n.find('/');
+    if (slash != std::string::npos && layout.sharded(n.substr(slash + 1))) experts.emplace_back("adam/" + n, t);
+    else b.tensors.emplace_back("adam/" + n, t);
+  }
+  // Only group 0 (which holds rank 0, the writer) gathers; the other groups hold replicas.
+  if (layout.ep && rank < layout.ep->size()) gather_experts(*layout.ep, experts, b.tensors);
   b.meta["kind"] = "seqrec-train-state";
   b.meta["step"] = std::to_string(p.step);
   b.meta["cursor_epoch"] = std::to_string(cursor.epoch);
@@ -296,17 +349,53 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   mo.num_users = meta.num_users;
   mo.user_feature_cardinalities = meta.user_feature_cardinalities;
   mo.max_len = o.loader.max_len;
-  auto model = models::make_model(mo);
+
+  Layout layout;
+  const int P = o.expert_parallel;
+  const bool moe = mo.model == "flash4rec" && mo.moe_experts > 0;
+  if (P < 1 || world % P != 0)
+    throw std::invalid_argument("--expert_parallel " + std::to_string(P) + " must divide the number of ranks (" +
+                                std::to_string(world) + ")");
+  if (P > 1 && !moe)
+    throw std::invalid_argument("--expert_parallel needs a mixture-of-experts model (--model flash4rec with "
+                                "--moe_experts > 0)");
+  if (P > 1 && mo.moe_experts % P != 0)
+    throw std::invalid_argument("--moe_experts " + std::to_string(mo.moe_experts) +
+                                " is not divisible by --expert_parallel " + std::to_string(P));
+  models::ModelRuntime runtime;
+  if (moe && world > 1) {
+    runtime.world = &comm;
+    layout.lockstep = true;
+  }
+  if (P > 1) {
+    if (P == world) {
+      layout.ep = &comm;
+    } else {
+      layout.ep_owned = comm.split(rank / P, rank);
+      layout.ep = layout.ep_owned.get();
+    }
+    if (world > P) {
+      layout.replicas_owned = comm.split(rank % P, rank);
+      layout.replicas = layout.replicas_owned.get();
+    }
+    runtime.expert_group = layout.ep;
+  }
+  auto model = models::make_model(mo, runtime);
+  if (P > 1)
+    for (auto& n : model->expert_parameters()) layout.experts.insert(n);
   auto named = model->named_parameters();
-  std::vector<at::Tensor> params;
+  std::vector<at::Tensor> params, replicated, sharded;
   int64_t num_params = 0;
   for (auto& [n, t] : named) {
     params.push_back(t);
+    (layout.sharded(n) ? sharded : replicated).push_back(t);
     num_params += t.numel();
     // Defined, zeroed gradients: a rank with no examples in a step still all-reduces zeros.
     t.mutable_grad() = torch::zeros_like(t);
   }
-  dist::broadcast_parameters(comm, params, 0);
+  // Experts are initialised from their global ids, identical wherever they live.
+  dist::broadcast_parameters(comm, replicated, 0);
+  const int64_t length_groups = o.length_groups;
   Adam adam(named, o.adam);
   io::TrainLoader loader(seqs, meta, o.loader, rank, world);
   std::vector<double> popularity;
@@ -385,18 +474,22 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   // every rank; a rank that diverged would otherwise go unnoticed until its checkpoint.
   auto check_replicas = [&](const std::string& when) {
     if (world == 1) return;
-    auto state = model->named_parameters();
-    for (auto& b : model->named_buffers()) state.push_back(b);
-    dist::check_replicas_identical(comm, state, when);
+    std::vector<std::pair<std::string, at::Tensor>> shared, experts;
+    for (auto& [n, t] : model->named_parameters()) (layout.sharded(n) ? experts : shared).emplace_back(n, t);
+    for (auto& b : model->named_buffers()) shared.push_back(b);
+    dist::check_replicas_identical(comm, shared, when);
+    if (layout.replicas) dist::check_replicas_identical(*layout.replicas, experts, when);
   };
   auto save_checkpoint = [&] {
     check_replicas("before the checkpoint at step " + std::to_string(p.step));
-    ckpt.save(p.step, make_snapshot(*model, adam, loader.cursor(), p, o, world),
+    ckpt.save(p.step, make_snapshot(*model, adam, loader.cursor(), p, o, world, layout, rank),
               TensorBundle{{{"rng/cpu", generator_state()}}, {}});
     last_saved_step = p.step;
   };
   auto evaluate_and_log = [&](Split split, const EvalProtocol& proto, int64_t epoch) {
-    auto r = evaluate(*model, seqs, meta, split, proto, o.eval, comm, popularity.empty() ? nullptr : &popularity);
+    EvalOptions eval = o.eval;
+    eval.lockstep = layout.lockstep;
+    auto r = evaluate(*model, seqs, meta, split, proto, eval, comm, popularity.empty() ? nullptr : &popularity);
     log.line(format_result(r, meta.name, epoch));
     log.metrics(result_json(r, meta.name, epoch, p.step));
     return r;
@@ -425,7 +518,7 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
         p.best_value = v;
         p.best_epoch = c.epoch;
         p.bad_evals = 0;
-        best_ckpt.save(p.step, make_snapshot(*model, adam, c, p, o, world), TensorBundle{});
+        best_ckpt.save(p.step, make_snapshot(*model, adam, c, p, o, world, layout, rank), TensorBundle{});
         log.line("[select] new best valid " + o.select_metric + "=" + fmt(v) + " at epoch " + std::to_string(c.epoch));
       } else {
         ++p.bad_evals;
@@ -466,20 +559,33 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
     const bool print_now = control[2].item<double>() > 0;
 
     double local_loss = 0;
-    if (local_targets > 0) {
+    if (local_targets > 0 || layout.lockstep) {
       const auto users = users_of(batch.users, seqs, static_cast<int64_t>(meta.user_feature_cardinalities.size()));
-      auto loss = batch_loss_sum(*model, batch, users, o.loss, o.length_groups) / global_targets;
+      auto loss = batch_loss_sum(*model, batch, users, o.loss, length_groups, /*whole=*/moe) / global_targets;
       loss.backward();
       local_loss = loss.item<double>() * global_targets;
     }
     if (world > 1) {
       // The loss is already divided by the global target count, so the sum of the ranks'
-      // gradients is the gradient of the global mean.
-      std::vector<at::Tensor> grads;
-      for (auto& t : params) grads.push_back(t.grad());
+      // gradients is the gradient of the global mean. An expert's gradient is complete on its
+      // owner (its group's tokens came to it); replicas in other groups add theirs.
+      std::vector<at::Tensor> grads, expert_grads;
+      for (auto& t : replicated) grads.push_back(t.grad());
+      for (auto& t : sharded) expert_grads.push_back(t.grad());
       dist::all_reduce_sum_(comm, grads);
+      if (layout.replicas) dist::all_reduce_sum_(*layout.replicas, expert_grads);
     }
-    if (o.clip_norm > 0) clip_grad_norm(params, o.clip_norm);
+    if (o.clip_norm > 0) {
+      // The global norm counts each expert once: its group's sum of the sharded squares.
+      double extra = 0;
+      if (layout.ep && !sharded.empty()) {
+        auto sq = torch::zeros({1}, torch::kFloat64);
+        for (auto& t : sharded) sq += t.grad().to(torch::kFloat64).pow(2).sum();
+        layout.ep->all_reduce(sq);
+        extra = sq.item<double>();
+      }
+      clip_grad_norm(replicated, o.clip_norm, extra, sharded);
+    }
     adam.step(lr_at(o, p.step));
     adam.zero_grad();
     // Statistics-driven updates (EMA codebooks): every rank's sums, all-reduced, then applied

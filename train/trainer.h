@@ -38,6 +38,7 @@ struct TrainOptions {
   std::string resume;               // "" (fresh; error if checkpoints exist), "auto", or a checkpoint dir
   int64_t checkpoint_every = 0;     // steps; 0 = at each validation
   int keep_checkpoints = 3;
+  int expert_parallel = 1;          // ranks per expert-parallel group (divides the world size)
   int64_t replica_check_every = 100;  // steps between cross-rank equality checks of the model
                                       // state (also before every checkpoint); 0 = checkpoints only
   int64_t max_steps = 0;            // stop after this many optimizer steps in total; 0 = no limit

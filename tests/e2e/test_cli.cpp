@@ -273,7 +273,10 @@ TEST_F(Cli, EveryModelTrainsAndTests) {
                         "lisa --lisa_variant soft --codewords 4 --lisa_commitment 0.01", "lightsans --interests 4",
                         "lightsans --interests 4 --lightsans_position absolute",
                         "routing --heads 2 --routing_clusters 3 --routing_window 4",
-                        "sasrec --objective cloze --mask_prob 0.3"}) {
+                        "sasrec --objective cloze --mask_prob 0.3",
+                        "flash4rec --flash_user embedding --moe_experts 3 --moe_top_k 2 --topk_dropout_k 3",
+                        "flash4rec --flash_attention cosine --flash_user zero --objective cloze --capacity_factor 0.5",
+                        "flash4rec --flash_unit mhsa --moe_experts 0 --flash_user none"}) {
     const std::string run = dir("model-" + std::to_string(std::hash<std::string>{}(m)));
     auto r = run_seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall + "--epochs 2 --model " + m, 120);
     EXPECT_EQ(r.code, 0) << m << "\n" << r.output;
@@ -305,6 +308,11 @@ TEST_F(Cli, InvalidFlagsGetAClearErrorAndExitCode) {
       {t + "--replica_check_every -1", "--replica_check_every must be >= 0"},
       {t + "--model linrec --objective cloze", "objective cloze needs bidirectional attention"},
       {t + "--objective bert", "unknown objective 'bert'"},
+      {t + "--model flash4rec", "flash_user features: the dataset has no user features"},
+      {t + "--model flash4rec --flash_user zero --moe_experts 3 --moe_top_k 4", "moe_top_k must be in [1, moe_experts = 3]"},
+      {t + "--model flash4rec --flash_user zero --capacity_factor 0", "capacity_factor must be > 0"},
+      {t + "--model flash4rec --flash_user zero --expert_parallel 2", "--expert_parallel 2 must divide the number of ranks (1)"},
+      {t + "--expert_parallel 0", "--expert_parallel must be >= 1"},
       {t + "--mask_prob 1", "--mask_prob must be in (0, 1)"},
       {t + "--loss hinge", "--loss must be"},
       {t + "--no_such_flag 1", "no_such_flag"},
@@ -351,6 +359,27 @@ TEST_F(Cli, EveryShippedConfigTrains) {
     EXPECT_EQ(r.code, 0) << e.path() << "\n" << r.output;
   }
   EXPECT_GE(configs, 10);
+}
+
+// FLASH4Rec's user-aware gate on ML-1M's real user features (users.dat joined through the
+// SASRec user id map): prepare stores them, training reads them.
+TEST_F(Cli, Flash4recReadsMl1mUserFeatures) {
+  const char* shared = std::getenv("SEQREC_SHARED_DATA");
+  const std::string ml = shared ? std::string(shared) + "/ml-1m" : "";
+  if (ml.empty() || !fs::exists(ml + "/users.dat") || !fs::exists(ml + "/sasrec/ml-1m.txt.xz"))
+    GTEST_SKIP() << "ML-1M (users.dat, sasrec/ml-1m.txt.xz) not under SEQREC_SHARED_DATA";
+  const std::string ds = dir("ml-1m-features"), run = dir("ml-1m-flash");
+  auto p = run_seqrec("prepare --format sasrec --input " + ml + "/sasrec/ml-1m.txt.xz --user_features " + ml +
+                          "/users.dat --user_id_map " + ml + "/sasrec/sas_to_original_users.txt --out " + ds +
+                          " --progress=false",
+                      300);
+  ASSERT_EQ(p.code, 0) << p.output;
+  auto r = run_seqrec("train --data " + ds + " --out " + run + " --model flash4rec --max_len 20 --hidden 16 " +
+                          "--batch_size 64 --max_steps 3 --final_test=false --threads 1 --log_every 1000",
+                      300);
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto info = run_seqrec("info --checkpoint " + run + "/checkpoints");
+  EXPECT_TRUE(contains(info.output, "user_feature_cardinalities=2,7,21,10")) << info.output;
 }
 
 TEST_F(Cli, FlagfileReproducesTheFlags) {

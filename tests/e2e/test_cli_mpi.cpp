@@ -164,6 +164,48 @@ TEST_F(CliMpi, ARunSavedAtTwoRanksResumesAtOne) {
   EXPECT_LT(worst, 1e-6);
 }
 
+// Expert parallelism: 6 experts per layer split over 2 ranks (3 each) for 3 steps, resumed at
+// 1 rank (all 6 local) and at 3 ranks (2 each) up to step 6, against 1 rank throughout. The
+// global batch is 24 everywhere and capacity, gating and dispatch are defined on the global
+// batch, so every layout trains the same model up to fp32 summation order. (Gating noise and
+// Top-K dropout are off: their seeds are per rank by design.)
+TEST_F(CliMpi, ExpertParallelRunsResumeAtOtherLayouts) {
+  const std::string flash = " --model flash4rec --flash_user embedding --moe_experts 6 --moe_top_k 2 "
+                            "--capacity_factor 0.75 --moe_noise=false --topk_dropout 0";
+  auto args = [&](const std::string& out, int batch, int steps) {
+    std::string a = train_args(data(), out, batch) + flash;
+    return a.replace(a.find("--max_steps 6"), 13, "--max_steps " + std::to_string(steps));
+  };
+  const std::string whole = dir("ep-whole"), to1 = dir("ep-to1"), to3 = dir("ep-to3");
+  auto w = run_seqrec(args(whole, 24, 6), 300);
+  ASSERT_EQ(w.code, 0) << w.output;
+  for (const auto& [run, np] : std::vector<std::pair<std::string, int>>{{to1, 1}, {to3, 3}}) {
+    auto a = run_command(mpirun() + " -np 2 " + seqrec_bin() + args(run, 12, 3) + " --expert_parallel 2", 300);
+    ASSERT_EQ(a.code, 0) << a.output;
+    auto b = run_command(mpirun() + " -np " + std::to_string(np) + " " + seqrec_bin() + args(run, 24 / np, 6) +
+                             " --expert_parallel " + std::to_string(np) + " --resume auto",
+                         300);
+    ASSERT_EQ(b.code, 0) << b.output;
+    auto pa = final_params(whole), pb = final_params(run);
+    ASSERT_EQ(pa.size(), pb.size()) << "every expert is in the checkpoint, keyed by global id";
+    ASSERT_TRUE(pa.count("param/block1.moe.experts.expert5.fc2.weight"));
+    double worst = 0;
+    std::string where;
+    for (auto& [n, t] : pa) {
+      const double d = (t - pb.at(n)).abs().max().item<double>();
+      if (d > worst) worst = d, where = n;
+    }
+    // Adam with eps 1 keeps fp32 summation-order noise at ~1e-7 (see above); a token routed or
+    // dropped differently moves an expert's weights by > 1e-4.
+    EXPECT_LT(worst, 1e-5) << "resumed at " << np << " ranks: max |delta param| " << worst << " in " << where;
+  }
+  auto bad = run_command(mpirun() + " -np 2 " + seqrec_bin() + args(dir("ep-bad"), 12, 2) +
+                             " --moe_experts 3 --moe_top_k 1 --expert_parallel 2",
+                         120);
+  EXPECT_NE(bad.code, 0);
+  EXPECT_TRUE(contains(bad.output, "--moe_experts 3 is not divisible by --expert_parallel 2")) << bad.output;
+}
+
 TEST_F(CliMpi, RanksWithDifferentFlagsFailNamingTheRank) {
   const std::string out = dir("mismatch");
   auto r = run_command(mpirun() + " -np 1 " + seqrec_bin() + train_args(data(), out, 8) + " --lr 0.001 : -np 1 " +
