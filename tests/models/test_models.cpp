@@ -39,6 +39,15 @@ std::vector<Variant> variants() {
          o.model = "routing"; o.routing_clusters = 4; o.routing_window = 5; o.routing_chunk = 6; o.local_window = 7; }},
       {"routing_all_routed_postln", [](ModelOptions& o) {
          o.model = "routing"; o.routing_heads = 2; o.routing_clusters = 3; o.norm_first = false; }},
+      // Every expert sees every token (top_k = E, ample capacity) so each gets a gradient.
+      {"flash4rec_softmax_moe", [](ModelOptions& o) {
+         o.model = "flash4rec"; o.flash_user = "zero"; o.moe_experts = 2; o.moe_top_k = 2; o.capacity_factor = 2;
+         o.topk_dropout_k = 3; }},
+      {"flash4rec_cosine_item_gate_postln", [](ModelOptions& o) {
+         o.model = "flash4rec"; o.flash_attention = "cosine"; o.flash_user = "none"; o.moe_experts = 0;
+         o.norm_first = false; o.flash_qk_dim = 6; }},
+      {"flash4rec_mhsa", [](ModelOptions& o) {
+         o.model = "flash4rec"; o.flash_unit = "mhsa"; o.flash_user = "none"; o.moe_experts = 0; }},
   };
 }
 
@@ -241,6 +250,41 @@ TEST(ClozeObjective, SasrecAttendsBothWaysAndNeverScoresTheMask) {
   EXPECT_EQ(ha.narrow(1, 0, 8).abs().sum().item<double>(), 0.0);
   o.model = "lightsans";
   EXPECT_THROW(validate(o), std::invalid_argument);
+}
+
+// FLASH4Rec's user-aware gate: the rows' user features change the output (and the item-only gate
+// ignores them); a batch without the features the model was built for is refused by name.
+TEST(Flash4rec, UserFeaturesReachTheGate) {
+  ModelOptions o;
+  o.model = "flash4rec";
+  o.num_items = 30;
+  o.max_len = 12;
+  o.hidden = 8;
+  o.dropout = 0;
+  o.moe_experts = 2;
+  o.user_feature_cardinalities = {2, 3};
+  auto m = make_model(o);
+  m->set_training(false);
+  torch::NoGradGuard g;
+  auto input = torch::cat({seq({3, 5, 7}, 12), seq({4, 6}, 12)});
+  UserInput a{torch::tensor({0, 1}), torch::tensor({{1, 2}, {2, 3}})};
+  UserInput b{torch::tensor({0, 1}), torch::tensor({{2, 2}, {2, 3}})};
+  auto ha = m->encode(input, a), hb = m->encode(input, b);
+  EXPECT_FALSE(torch::allclose(ha[0], hb[0])) << "user 0's features changed";
+  EXPECT_TRUE(torch::allclose(ha[1], hb[1])) << "user 1's features did not";
+  EXPECT_THROW(m->encode(input), c10::Error);
+  o.flash_user = "none";
+  auto item_only = make_model(o);
+  item_only->set_training(false);
+  EXPECT_TRUE(torch::equal(item_only->encode(input, a), item_only->encode(input, b)));
+  o.flash_user = "features";
+  o.user_feature_cardinalities = {};
+  try {
+    validate(o);
+    ADD_FAILURE() << "features on a dataset without them";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("the dataset has no user features"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
