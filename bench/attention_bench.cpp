@@ -1,14 +1,19 @@
 // Forward + backward time and peak memory of one attention op at one sequence length, for
 // bench/attention_scaling.sh (one process per point, so each peak is the op's own).
-//   attention_bench --op softmax|linrec|lightsans|lisa|model:<name> --len L [--tokens 16384] [--dim 64]
-//                   [--heads 1] [--interests 20] [--codebooks 8] [--codewords 16] [--iters 3]
-// model:<name> times a whole model (2 blocks, ML-1M's 3,416 items, every slot real): encode, a
-// softmax over the items at the last slot, backward. Prints one JSON line: op, len, batch, ms (median fwd+bwd), peak_mb (resident high-water mark
+//   attention_bench --op OP --len L [--tokens 16384] [--dim 64] [--heads 1] [--interests 20]
+//                   [--codebooks 8] [--codewords 16] [--iters 3]
+// OP: softmax | linrec | lightsans | lisa | routing | gated:softmax | gated:cosine | model:<name>
+// (model:flash4rec:cosine for FLASH4Rec's linear form). routing is the causal routing op at the
+// paper's optimum (K = W = S = round(sqrt(L)) centroids, window, chunk) with its local heads'
+// window 2S; gated:* is FLASH4Rec's attention (one head, s = e = dim). model:<name> times a whole
+// model (2 blocks, ML-1M's 3,416 items, every slot real): encode, a softmax over the items at the
+// last slot, backward. Prints one JSON line: op, len, batch, ms (median fwd+bwd), peak_mb (resident high-water mark
 // above the inputs' baseline).
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -16,13 +21,12 @@
 #include <vector>
 
 #include "models/model.h"
+#include "ops/gated_attention/gated_attention.h"
 #include "ops/interest_attention/interest_attention.h"
 #include "ops/linear_attention/linear_attention.h"
-#include "ops/softmax_attention/softmax_attention.h"
-#if __has_include("ops/lisa_attention/lisa_attention.h")
 #include "ops/lisa_attention/lisa_attention.h"
-#define SEQREC_BENCH_LISA 1
-#endif
+#include "ops/routing_attention/routing_attention.h"
+#include "ops/softmax_attention/softmax_attention.h"
 
 namespace {
 
@@ -35,7 +39,8 @@ double status_mb(const char* key) {
 }
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|lightsans|lisa --len L "
+  std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|lightsans|lisa|routing|"
+               "gated:softmax|gated:cosine|model:<name>[:cosine] --len L "
                "[--tokens N] [--dim D] [--heads H] [--interests K] [--codebooks C] [--codewords W] [--iters I]\n",
                why.c_str());
   std::exit(2);
@@ -92,7 +97,6 @@ int main(int argc, char** argv) {
       return seqrec::ops::causal_interest_attention(q, k, v, torch::matmul(k, tk), torch::matmul(v, tv), pad, 0.0,
                                                     true);
     };
-#ifdef SEQREC_BENCH_LISA
   } else if (op == "lisa") {
     auto logits = leaf(torch::randn({B, len, codebooks, codewords}));
     auto index = torch::randint(codewords, {B, len, codebooks}, torch::kLong);
@@ -101,10 +105,38 @@ int main(int argc, char** argv) {
     run = [=] {
       return seqrec::ops::lisa_attention(torch::softmax(logits, -1), index, pad, table, values, std::exp(-0.1));
     };
-#endif
+  } else if (op == "routing") {
+    // One routing head and one local head, as configs/ml-1m/routing.flags pairs them.
+    const int64_t K = std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(len))));
+    const int64_t W = (len + K - 1) / K;
+    auto r = leaf(torch::randn({B, 1, len, dh})), v = leaf(torch::randn({B, 1, len, dh}));
+    auto q = leaf(torch::randn({B, 1, len, dh})), k = leaf(torch::randn({B, 1, len, dh}));
+    auto mu = torch::randn({1, K, dh});
+    mu = mu / mu.norm(2, -1, true);
+    run = [=] {
+      auto unit = at::layer_norm(r, {dh}, {}, {}, 1e-6);
+      auto plan = seqrec::ops::causal_balanced_routing(unit.detach(), mu, pad, W, W);
+      auto routed = seqrec::ops::routed_attention(unit, v, plan, pad, 1.0 / std::sqrt(static_cast<double>(dh)), 0.0, true);
+      return torch::cat({routed, seqrec::ops::local_attention(q, k, v, pad, 2 * W, 0.0, true)}, 1);
+    };
+  } else if (op == "gated:softmax" || op == "gated:cosine") {
+    auto q = leaf(torch::randn({B, 1, len, dim})), k = leaf(torch::randn({B, 1, len, dim})),
+         v = leaf(torch::randn({B, 1, len, dim}));
+    seqrec::ops::GatedAttentionOptions go;
+    go.form = seqrec::ops::parse_gated_attention_form(op.substr(6));
+    go.causal = true;
+    go.training = true;
+    run = [=] { return seqrec::ops::gated_attention(q, k, v, pad, go); };
   } else if (op.rfind("model:", 0) == 0) {
     seqrec::models::ModelOptions o;
     o.model = op.substr(6);
+    if (o.model == "flash4rec:cosine") {
+      // The O(L) path: Top-K dropout needs the explicit L x L matrix, so it is off here.
+      o.model = "flash4rec";
+      o.flash_attention = "cosine";
+      o.topk_dropout = 0;
+    }
+    o.flash_user = "zero";  // no dataset here: a zero user vector keeps the gate's shape
     o.num_items = 3416;
     o.max_len = len;
     o.hidden = dim;

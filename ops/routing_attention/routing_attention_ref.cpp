@@ -112,17 +112,20 @@ at::Tensor routed_attention(const at::Tensor& r, const at::Tensor& v, const Rout
     TORCH_CHECK(lo >= 0 && hi < L, "plan.window out of range [0, L = ", L, "): min ", lo, ", max ", hi);
   }
 
-  // One gather per operand: [B, H, L·W] rows of r and v, O(L·W·d) memory.
-  auto index = plan.window.reshape({B, H, L * W, 1});
-  auto keys = r.gather(2, index.expand({B, H, L * W, d})).view({B, H, L, W, d});
-  auto values = v.gather(2, index.expand({B, H, L * W, dv})).view({B, H, L, W, dv});
+  // One row gather per operand over the flattened [B·H·L] rows (its backward is one index_add,
+  // much cheaper than gather's scatter), O(L·W·d) memory.
+  auto base = torch::arange(B * H, plan.window.options()).view({B, H, 1, 1}) * L;
+  auto rows = (plan.window + base).reshape({-1});
+  auto keys = r.reshape({B * H * L, d}).index_select(0, rows).view({B, H, L, W, d});
+  auto values = v.reshape({B * H * L, dv}).index_select(0, rows).view({B, H, L, W, dv});
   // The query is its own extra key (always valid, never in its window: window keys precede its
   // chunk), so no row is empty. Mask after scaling so that any scale keeps -inf as -inf.
-  auto window_logits = torch::matmul(keys, r.unsqueeze(-1)).squeeze(-1).mul(scale);  // [B, H, L, W]
+  // Elementwise products and sums rather than L·B·H one-row matrix products (far slower in BLAS).
+  auto window_logits = (keys * r.unsqueeze(-2)).sum(-1).mul(scale);  // [B, H, L, W]
   auto self_logit = (r * r).sum(-1, true).mul(scale);                                // [B, H, L, 1]
   auto logits = torch::cat({window_logits.masked_fill(plan.valid.logical_not(), kNegInf), self_logit}, -1);
   auto probs = ops::dropout(torch::softmax(logits, -1), dropout, training);
-  auto out = torch::matmul(probs.narrow(-1, 0, W).unsqueeze(-2), values).squeeze(-2) + probs.narrow(-1, W, 1) * v;
+  auto out = (probs.narrow(-1, 0, W).unsqueeze(-1) * values).sum(-2) + probs.narrow(-1, W, 1) * v;
   return out.masked_fill(key_padding.view({B, 1, L, 1}), 0.0);
 }
 
@@ -138,21 +141,33 @@ at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   TORCH_CHECK(window >= 1, "window must be >= 1, got ", window);
   if (L == 0) return torch::zeros_like(v);
 
-  // A band of Wn keys per query: column t holds slot i - Wn + 1 + t (the last column is i itself).
-  // Wn = min(window, L) keeps the band no wider than the sequence; the keys it drops lie before
-  // slot 0 and would be masked anyway.
-  const int64_t Wn = std::min(window, L);
-  auto band = [&](const at::Tensor& x) {  // [B, H, L, d, Wn], a view of the left-zero-padded x
-    return torch::constant_pad_nd(x, {0, 0, Wn - 1, 0}).unfold(2, Wn, 1);
+  // Blocked: with blocks of S = min(window, L) slots, the keys of every query of block g lie in
+  // blocks g - 1 and g, so each block is one dense [S x 2S] product (batched GEMMs over all
+  // blocks) masked to the exact window; O(L·S·d) time and O(L·S) memory. The sequence is
+  // left-padded with zero slots to G whole blocks plus one block in front of the first.
+  const int64_t S = std::min(window, L), H = q.size(1), d = q.size(3), dv = v.size(3);
+  const int64_t G = (L + S - 1) / S, P = G * S - L + S;  // leading zero slots
+  auto blocks = [&](const at::Tensor& x) {  // [B, H, G + 1, S, width]
+    return torch::constant_pad_nd(x, {0, 0, P, 0}).view({B, H, G + 1, S, x.size(3)});
   };
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  auto logits = torch::matmul(q.unsqueeze(-2), band(k)).squeeze(-2).mul(scale);  // [B, H, L, Wn]
-  // Hidden: slots before 0 and padded slots, except the query itself.
-  auto padded = torch::cat({torch::ones({B, Wn - 1}, key_padding.options()), key_padding}, 1).unfold(1, Wn, 1);
-  auto not_self = torch::arange(Wn, q.options().dtype(at::kLong)) < Wn - 1;
-  auto hidden = padded.logical_and(not_self).unsqueeze(1);  // [B, 1, L, Wn]
-  auto probs = ops::dropout(torch::softmax(logits.masked_fill(hidden, kNegInf), -1), dropout, training);
-  auto out = torch::matmul(band(v), probs.unsqueeze(-1)).squeeze(-1);
+  auto pairs = [&](const at::Tensor& xb) {  // blocks g - 1 and g side by side: [B, H, G, 2S, width]
+    return torch::cat({xb.narrow(2, 0, G), xb.narrow(2, 1, G)}, 3);
+  };
+  auto qb = blocks(q).narrow(2, 1, G);                             // [B, H, G, S, d]
+  auto kb = pairs(blocks(k)), vb = pairs(blocks(v));               // [B, H, G, 2S, .]
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  auto logits = torch::matmul(qb, kb.transpose(-2, -1)).mul(scale);  // [B, H, G, S, 2S]
+  // Query a of a block sees key b of its pair when 0 <= S + a - b < S (the window), unless the
+  // key is padding (leading zero slots count as padding); its own slot (b = a + S) always.
+  auto a = torch::arange(S, q.options().dtype(at::kLong)).view({S, 1});
+  auto b = torch::arange(2 * S, q.options().dtype(at::kLong)).view({1, 2 * S});
+  auto outside = (b.le(a)).logical_or(b.gt(a + S));                // [S, 2S]
+  auto pad = torch::constant_pad_nd(key_padding.to(at::kByte), {P, 0}, 1).to(at::kBool).view({B, G + 1, S});
+  auto key_pad = torch::cat({pad.narrow(1, 0, G), pad.narrow(1, 1, G)}, 2);  // [B, G, 2S]
+  auto self = b.eq(a + S);
+  auto hidden = (outside.view({1, 1, S, 2 * S}) | key_pad.unsqueeze(2)) & self.logical_not().view({1, 1, S, 2 * S});
+  auto probs = ops::dropout(torch::softmax(logits.masked_fill(hidden.unsqueeze(1), kNegInf), -1), dropout, training);
+  auto out = torch::matmul(probs, vb).reshape({B, H, G * S, dv}).narrow(2, G * S - L, L);
   return out.masked_fill(key_padding.view({B, 1, L, 1}), 0.0);
 }
 
