@@ -12,15 +12,7 @@ tokens=${TOKENS:-16384}
 lengths=${LENGTHS:-"64 128 256 512 1024 2048 4096"}
 ops=${OPS:-"softmax linrec lightsans lisa model:sasrec model:linrec model:lightsans model:lisa"}
 [ -x "$bin" ] || { echo "missing $bin: build first (cmake --build build)" >&2; exit 1; }
-# The same OpenBLAS kernel family the seqrec launcher picks (see launcher/main.cpp).
-if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
-  flags=$(grep -m1 '^flags' /proc/cpuinfo)
-  if [[ $flags == *avx512f* && $flags == *avx512bw* && $flags == *avx512dq* && $flags == *avx512vl* ]]; then
-    export OPENBLAS_CORETYPE=SkylakeX
-  elif [[ $flags == *avx2* && $flags == *fma* ]]; then
-    export OPENBLAS_CORETYPE=Haswell
-  fi
-fi
+source bench/blas_env.sh
 mkdir -p "$out"
 jsonl="$out/attention_scaling.jsonl"
 : > "$jsonl"
