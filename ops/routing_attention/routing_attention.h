@@ -1,10 +1,10 @@
 #pragma once
 // Routing attention (Roy et al., TACL 2021, "Efficient content-based sparse attention with
 // routing transformers"), made exactly causal for next-item training, and the windowed local
-// attention its local heads use. The ATen reference runs on any device and differentiates
+// attention its local heads use. The ATen implementations run on any device and differentiate
 // through autograd (w.r.t. the routing vectors and values; routing decisions are discrete and
-// centroids are updated by EMA outside the op); a fused CUDA kernel will sit behind these
-// same signatures.
+// centroids are updated by EMA outside the op). routed_attention runs a fused kernel on CPU
+// float/double (routing_attention_fused.cpp) and routed_attention_reference elsewhere.
 //
 // Routing (shared queries and keys, as the paper does for causal models). Per sequence b and
 // routing head h (omitted below), r[i] is the routing vector of slot i (the caller's
@@ -43,9 +43,27 @@ RoutingPlan causal_balanced_routing(const at::Tensor& r, const at::Tensor& centr
 
 // The attention of the routing heads given a plan: r [B, H, L, d] (queries and keys), v
 // [B, H, L, dv] -> [B, H, L, dv] (0 at padded slots). `dropout` applies to the attention
-// probabilities when `training` (ops::dropout). Differentiable w.r.t. r and v.
+// probabilities [B, H, L, W + 1] (window keys, then the query's own key) when `training`
+// (ops::dropout). Differentiable w.r.t. r and v. On CPU float/double a fused autograd Function
+// (memory O(L·W) per sequence and head instead of O(L·W·d); no double backward) that equals
+// routed_attention_reference to rounding and, under one generator state, drops the same
+// probabilities (one ops::random_seed draw, the same mask); elsewhere the reference.
 at::Tensor routed_attention(const at::Tensor& r, const at::Tensor& v, const RoutingPlan& plan,
                             const at::Tensor& key_padding, double scale, double dropout, bool training);
+
+// The ATen implementation of routed_attention (row gathers, elementwise products, autograd),
+// on any device: what the tests compare the fused kernel with.
+at::Tensor routed_attention_reference(const at::Tensor& r, const at::Tensor& v, const RoutingPlan& plan,
+                                      const at::Tensor& key_padding, double scale, double dropout,
+                                      bool training);
+
+namespace detail {
+// The argument checks both routed_attention implementations run, so that they reject the same
+// inputs with the same messages: shapes, dtypes, devices, plan.window in [0, L), dropout in
+// [0, 1). Throws c10::Error naming the argument.
+void check_routed_attention_args(const at::Tensor& r, const at::Tensor& v, const RoutingPlan& plan,
+                                 const at::Tensor& key_padding, double dropout);
+}  // namespace detail
 
 // Local heads: causal softmax attention over the last `window` slots (keys j with
 // i - window < j <= i, real slots only); q, k, v [B, H, L, d] -> [B, H, L, d] (0 at padded

@@ -89,28 +89,45 @@ RoutingPlan causal_balanced_routing(const at::Tensor& r, const at::Tensor& centr
   return {cluster, win_slot.masked_fill(valid.logical_not(), 0), valid};
 }
 
-at::Tensor routed_attention(const at::Tensor& r, const at::Tensor& v, const RoutingPlan& plan,
-                            const at::Tensor& key_padding, double scale, double dropout, bool training) {
+namespace detail {
+
+void check_routed_attention_args(const at::Tensor& r, const at::Tensor& v, const RoutingPlan& plan,
+                                 const at::Tensor& key_padding, double dropout) {
   check_float4(r, "r");
-  const int64_t B = r.size(0), H = r.size(1), L = r.size(2), d = r.size(3);
+  const int64_t B = r.size(0), H = r.size(1), L = r.size(2);
   TORCH_CHECK(v.dim() == 4 && v.size(0) == B && v.size(1) == H && v.size(2) == L &&
-                  v.scalar_type() == r.scalar_type(),
+                  v.scalar_type() == r.scalar_type() && v.device() == r.device(),
               "v must be [B, H, L, dv] with [B, H, L] = [", B, ", ", H, ", ", L, "] of r's dtype ", r.scalar_type(),
-              "; got ", v.sizes(), " ", v.scalar_type());
+              " on r's device ", r.device(), "; got ", v.sizes(), " ", v.scalar_type(), " on ", v.device());
   check_key_padding(key_padding, B, L);
+  TORCH_CHECK(key_padding.device() == r.device(), "key_padding must be on r's device ", r.device(), "; got ",
+              key_padding.device());
   TORCH_CHECK(plan.window.defined() && plan.valid.defined(), "plan.window and plan.valid must be defined");
   TORCH_CHECK(plan.window.dim() == 4 && plan.window.size(0) == B && plan.window.size(1) == H &&
-                  plan.window.size(2) == L && plan.window.scalar_type() == at::kLong,
-              "plan.window must be int64 [B, H, L, W] with [B, H, L] = [", B, ", ", H, ", ", L, "]; got ",
-              plan.window.sizes(), " ", plan.window.scalar_type());
-  TORCH_CHECK(plan.valid.sizes() == plan.window.sizes() && plan.valid.scalar_type() == at::kBool,
-              "plan.valid must be bool ", plan.window.sizes(), " like plan.window; got ", plan.valid.sizes(), " ",
-              plan.valid.scalar_type());
-  const int64_t W = plan.window.size(3), dv = v.size(3);
+                  plan.window.size(2) == L && plan.window.scalar_type() == at::kLong &&
+                  plan.window.device() == r.device(),
+              "plan.window must be int64 [B, H, L, W] with [B, H, L] = [", B, ", ", H, ", ", L, "] on r's device ",
+              r.device(), "; got ", plan.window.sizes(), " ", plan.window.scalar_type(), " on ",
+              plan.window.device());
+  TORCH_CHECK(plan.valid.sizes() == plan.window.sizes() && plan.valid.scalar_type() == at::kBool &&
+                  plan.valid.device() == r.device(),
+              "plan.valid must be bool ", plan.window.sizes(), " like plan.window on r's device ", r.device(),
+              "; got ", plan.valid.sizes(), " ", plan.valid.scalar_type(), " on ", plan.valid.device());
   if (plan.window.numel() > 0) {
     const int64_t lo = plan.window.min().item<int64_t>(), hi = plan.window.max().item<int64_t>();
     TORCH_CHECK(lo >= 0 && hi < L, "plan.window out of range [0, L = ", L, "): min ", lo, ", max ", hi);
   }
+  TORCH_CHECK(dropout >= 0 && dropout < 1, "dropout probability must be in [0, 1), got ", dropout);
+}
+
+}  // namespace detail
+
+at::Tensor routed_attention_reference(const at::Tensor& r, const at::Tensor& v, const RoutingPlan& plan,
+                                      const at::Tensor& key_padding, double scale, double dropout,
+                                      bool training) {
+  detail::check_routed_attention_args(r, v, plan, key_padding, dropout);
+  const int64_t B = r.size(0), H = r.size(1), L = r.size(2), d = r.size(3);
+  const int64_t W = plan.window.size(3), dv = v.size(3);
 
   // One row gather per operand over the flattened [B·H·L] rows (its backward is one index_add,
   // much cheaper than gather's scatter), O(L·W·d) memory.

@@ -2,7 +2,9 @@
 // double, on shapes that break the chunk tiling (length 1, odd lengths, lengths that are not a
 // multiple of the chunk, chunk 1, chunk >= length, windows wider than the prefix, window 1, all-
 // padding rows, left and right padding); causality, padding isolation, left-padding invariance,
-// gradients, the full-window limit, dropout and named errors.
+// gradients, the full-window limit, dropout and named errors. routed_attention is the fused CPU
+// kernel here; it is also checked against routed_attention_reference (outputs, gradients, the
+// dropout mask under one generator state).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -21,6 +23,7 @@ namespace {
 using seqrec::ops::causal_balanced_routing;
 using seqrec::ops::local_attention;
 using seqrec::ops::routed_attention;
+using seqrec::ops::routed_attention_reference;
 using seqrec::ops::RoutingPlan;
 using seqrec::testing::padding_mask;
 
@@ -151,9 +154,8 @@ struct Case {
   bool left;
 };
 
-TEST(RoutingAttention, MatchesLoopReferences) {
-  torch::manual_seed(21);
-  const std::vector<Case> cases = {
+std::vector<Case> shape_cases() {
+  return {
       {1, 1, 1, 2, 2, 1, 1, {1}, true},            // L = 1
       {1, 1, 1, 2, 2, 3, 4, {0}, true},            // L = 1, all padding
       {2, 2, 13, 3, 3, 2, 4, {13, 7}, true},       // odd L, not a multiple of S: partial first chunk
@@ -165,12 +167,20 @@ TEST(RoutingAttention, MatchesLoopReferences) {
       {2, 2, 50, 6, 5, 5, 7, {50, 33}, true},
       {2, 1, 64, 8, 8, 8, 8, {64, 40}, false},
   };
-  for (const auto& c : cases) {
+}
+
+std::string describe(const Case& c) {
+  return "L=" + std::to_string(c.L) + " H=" + std::to_string(c.H) + " W=" + std::to_string(c.W) + " S=" +
+         std::to_string(c.S) + (c.left ? " left" : " right");
+}
+
+TEST(RoutingAttention, MatchesLoopReferences) {
+  torch::manual_seed(21);
+  for (const auto& c : shape_cases()) {
     auto r = torch::randn({c.B, c.H, c.L, c.D}, kF64), v = torch::randn({c.B, c.H, c.L, c.D + 1}, kF64);
     auto mu = torch::randn({c.H, c.K, c.D}, kF64);
     auto pad = pad_of(c.lengths, c.L, c.left);
-    const std::string where = "L=" + std::to_string(c.L) + " W=" + std::to_string(c.W) + " S=" +
-                              std::to_string(c.S) + (c.left ? " left" : " right");
+    const std::string where = describe(c);
 
     auto plan = causal_balanced_routing(r, mu, pad, c.W, c.S);
     ASSERT_EQ(plan.cluster.sizes(), (std::vector<int64_t>{c.B, c.H, c.L})) << where;
@@ -189,6 +199,7 @@ TEST(RoutingAttention, MatchesLoopReferences) {
     auto got = routed_attention(r, v, plan, pad, scale, 0.0, false);
     auto ref = naive_routed(r, v, want, pad, scale);
     EXPECT_LT(max_err(got, ref), 1e-10) << where;
+    EXPECT_LT(max_err(routed_attention_reference(r, v, plan, pad, scale, 0.0, false), ref), 1e-10) << where;
 
     for (int64_t window : {int64_t{1}, int64_t{2}, int64_t{3}, c.L, c.L + 4}) {
       auto q = torch::randn({c.B, c.H, c.L, c.D}, kF64), k = torch::randn({c.B, c.H, c.L, c.D}, kF64),
@@ -206,6 +217,82 @@ TEST(RoutingAttention, EmptySequences) {
   EXPECT_EQ(plan.window.sizes(), (std::vector<int64_t>{2, 3, 0, 3}));
   EXPECT_EQ(routed_attention(r, r, plan, pad, 1.0, 0.0, false).sizes(), r.sizes());
   EXPECT_EQ(local_attention(r, r, r, pad, 3, 0.0, false).sizes(), r.sizes());
+}
+
+// The fused kernel against the ATen reference: outputs and gradients w.r.t. r and v, in double
+// (to 1e-10) and float (to 1e-5, gradients relative to their largest entry when above 1), with v
+// a strided view as the model passes it. In double also at a large scale (logits in the
+// hundreds: the softmax must stay stable); float logits that large differ by more than 1e-5
+// between any two summation orders.
+TEST(RoutingAttention, FusedMatchesReference) {
+  torch::manual_seed(28);
+  for (const auto& c : shape_cases())
+    for (double scale : {0.7, 40.0}) {
+      auto r64 = torch::randn({c.B, c.H, c.L, c.D}, kF64);
+      auto v64 = torch::randn({c.B, c.L, c.H, c.D + 1}, kF64).transpose(1, 2);
+      auto g64 = torch::randn({c.B, c.H, c.L, c.D + 1}, kF64);
+      auto pad = pad_of(c.lengths, c.L, c.left);
+      auto plan = causal_balanced_routing(r64, torch::randn({c.H, c.K, c.D}, kF64), pad, c.W, c.S);
+      for (auto dtype : {torch::kFloat64, torch::kFloat32}) {
+        if (dtype == torch::kFloat32 && scale > 1) continue;
+        const double tol = dtype == torch::kFloat64 ? 1e-10 : 1e-5;
+        const std::string where = describe(c) + " scale=" + std::to_string(scale) +
+                                  (dtype == torch::kFloat64 ? " double" : " float");
+        auto r = r64.to(dtype).requires_grad_(), v = v64.to(dtype).requires_grad_();
+        auto g = g64.to(dtype);
+        auto got = routed_attention(r, v, plan, pad, scale, 0.0, false);
+        auto want = routed_attention_reference(r, v, plan, pad, scale, 0.0, false);
+        ASSERT_EQ(got.sizes(), want.sizes()) << where;
+        ASSERT_EQ(got.scalar_type(), dtype) << where;
+        EXPECT_LT(max_err(got, want), tol) << where;
+        auto got_grad = torch::autograd::grad({(got * g).sum()}, {r, v});
+        auto want_grad = torch::autograd::grad({(want * g).sum()}, {r, v});
+        for (int n = 0; n < 2; ++n) {
+          const double size = std::max(1.0, want_grad[n].abs().max().item<double>());
+          EXPECT_LT(max_err(got_grad[n], want_grad[n]) / (dtype == torch::kFloat64 ? 1.0 : size), tol)
+              << where << (n == 0 ? " grad r" : " grad v");
+        }
+      }
+    }
+}
+
+// Under one generator state the fused kernel draws the reference's seed and mask: equal outputs
+// and gradients, and the generator left in the same state. Central differences through the
+// dropped probabilities (generator reset before each evaluation).
+TEST(RoutingAttention, FusedDropoutMatchesReference) {
+  torch::manual_seed(29);
+  const int64_t B = 3, H = 2, L = 21, D = 4, W = 3, S = 4;
+  const double p = 0.3;
+  auto pad = pad_of({L, 13, 0}, L, true);
+  auto r = torch::randn({B, H, L, D}, kF64).requires_grad_(), v = torch::randn({B, H, L, D + 1}, kF64).requires_grad_();
+  auto g = torch::randn({B, H, L, D + 1}, kF64);
+  auto plan = causal_balanced_routing(r.detach(), torch::randn({H, 3, D}, kF64), pad, W, S);
+  torch::manual_seed(7);
+  auto got = routed_attention(r, v, plan, pad, 0.6, p, true);
+  auto got_next = torch::rand({4}, kF64);
+  torch::manual_seed(7);
+  auto want = routed_attention_reference(r, v, plan, pad, 0.6, p, true);
+  auto want_next = torch::rand({4}, kF64);
+  EXPECT_TRUE(torch::equal(got_next, want_next));
+  EXPECT_LT(max_err(got, want), 1e-12);
+  EXPECT_GT(max_err(got, routed_attention(r, v, plan, pad, 0.6, 0.0, false)), 1e-3);  // the mask drops something
+  auto got_grad = torch::autograd::grad({(got * g).sum()}, {r, v});
+  auto want_grad = torch::autograd::grad({(want * g).sum()}, {r, v});
+  EXPECT_LT(max_err(got_grad[0], want_grad[0]), 1e-10);
+  EXPECT_LT(max_err(got_grad[1], want_grad[1]), 1e-10);
+
+  // Float: the same mask, so equal to rounding.
+  auto rf = r.detach().to(torch::kFloat32), vf = v.detach().to(torch::kFloat32);
+  torch::manual_seed(8);
+  auto got_f = routed_attention(rf, vf, plan, pad, 0.6, p, true);
+  torch::manual_seed(8);
+  EXPECT_LT(max_err(got_f, routed_attention_reference(rf, vf, plan, pad, 0.6, p, true)), 1e-5);
+
+  auto f = [&] {
+    torch::manual_seed(9);
+    return (routed_attention(r, v, plan, pad, 0.6, p, true) * g).sum();
+  };
+  seqrec::testing::expect_gradients_match_central_differences(f, {r, v}, 2);
 }
 
 TEST(RoutingAttention, FutureSlotsChangeNoEarlierOutput) {
