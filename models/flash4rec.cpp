@@ -16,6 +16,10 @@
 // U = silu(x W_u)), the "without user gate" ablation. --flash_unit mhsa replaces the unit with
 // SASRec's multi-head softmax attention ("without gated attention"), --moe_experts 0 the mixture
 // with the dense FFN ("without MoE"), --topk_dropout 0 drops Top-K dropout.
+// In training, expert capacity couples the tokens of a batch (a token may be dropped because
+// others, later slots included, took its expert's slots), as in every capacity-based MoE; the
+// priority that decides it is a hash of (user, slot), and evaluation is dropless and so exactly
+// causal.
 #include <cmath>
 
 #include "models/backbone.h"
@@ -168,7 +172,9 @@ class MoeBlockImpl : public FeedForwardModuleImpl {
 
   at::Tensor forward(const at::Tensor& x, AttentionContext& ctx) override {
     auto real = ctx.key_padding.logical_not();
-    auto y = moe_(x.index({real}), priority(real, ctx.users.ids));  // [T, D], rows in (batch, slot) order
+    // Evaluation is dropless, so capacity priority matters in training only.
+    auto keys = is_training() ? priority(real, ctx.users.ids) : at::Tensor();
+    auto y = moe_(x.index({real}), keys);  // [T, D], rows in (batch, slot) order
     return torch::zeros_like(x).index_put({real}, y);
   }
   at::Tensor take_auxiliary_loss() override { return moe_->take_auxiliary_loss(); }
