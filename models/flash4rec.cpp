@@ -142,10 +142,8 @@ at::Tensor priority(const at::Tensor& real, const at::Tensor& users) {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t j = 0; j < L; ++j)
       if (mask[b * L + j]) {
-        uint64_t z = static_cast<uint64_t>(id[b]) * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(L - 1 - j);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;  // splitmix64 finaliser
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        out[n++] = static_cast<int64_t>((z ^ (z >> 31)) >> 1);
+        const uint64_t z = ops::mix64(static_cast<uint64_t>(id[b]) * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(L - 1 - j));
+        out[n++] = static_cast<int64_t>(z >> 1);
       }
   return keys;
 }

@@ -14,6 +14,7 @@
 #include <cmath>
 
 #include "models/backbone.h"
+#include "models/ema.h"
 #include "ops/dropout/dropout.h"
 #include "ops/lisa_attention/lisa_attention.h"
 
@@ -96,11 +97,7 @@ class QuantizerImpl : public torch::nn::Module {
   void apply() {
     if (!ema_) return;
     torch::NoGradGuard no_grad;
-    const double a = ema_decay_, eps = 1e-5;
-    ema_count_.mul_(a).add_(pending_count_, 1 - a);
-    ema_sum_.mul_(a).add_(pending_sum_, 1 - a);
-    pending_count_.zero_();
-    pending_sum_.zero_();
+    ema_fold(ema_count_, ema_sum_, pending_count_, pending_sum_, ema_decay_);
     // Dead codewords (an expected count below 1e-3) restart as a copy of the busiest codeword
     // of their codebook, nudged apart, and take half its statistics: a deterministic split, so
     // every rank makes the same choice from the same all-reduced statistics.
@@ -119,9 +116,7 @@ class QuantizerImpl : public torch::nn::Module {
         }
       }
     }
-    auto total = ema_count_.sum(-1, true);
-    auto smoothed = (ema_count_ + eps) / (total + words_ * eps) * total;  // Laplace
-    codebooks_.copy_(ema_sum_ / smoothed.unsqueeze(-1));
+    codebooks_.copy_(smoothed_means(ema_count_, ema_sum_));
   }
 
  private:

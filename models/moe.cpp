@@ -11,17 +11,12 @@
 namespace seqrec::models {
 namespace {
 
-// SplitMix64's finaliser: the counter-based hash behind the noise and the derived seeds.
-inline uint64_t mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+using ops::mix64;
 constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
 
 // Derived seed for (seed, a, b): distinct streams per expert and per use.
 uint64_t derive(uint64_t seed, uint64_t a, uint64_t b) {
-  return mix(mix(seed ^ kGolden) + mix(a * kGolden + 0x632BE59BD9B4E019ull) + b * 0xD1B54A32D192ED03ull);
+  return mix64(mix64(seed ^ kGolden) + mix64(a * kGolden + 0x632BE59BD9B4E019ull) + b * 0xD1B54A32D192ED03ull);
 }
 
 // [T, E] standard normals, entry (t, e) a function of (seed, offset + t, e) only: Box-Muller
@@ -29,14 +24,14 @@ uint64_t derive(uint64_t seed, uint64_t a, uint64_t b) {
 at::Tensor token_noise(int64_t T, int64_t E, int64_t offset, uint64_t seed) {
   auto out = torch::empty({T, E}, torch::kFloat64);
   double* p = out.data_ptr<double>();
-  const uint64_t base = mix(seed ^ 0xA0761D6478BD642Full);
+  const uint64_t base = mix64(seed ^ 0xA0761D6478BD642Full);
   const double two_pi = 6.283185307179586476925286766559;
   const double inv32 = 1.0 / 4294967296.0;
   at::parallel_for(0, T, 256, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
       for (int64_t e = 0; e < E; ++e) {
         const uint64_t idx = static_cast<uint64_t>(offset + t) * static_cast<uint64_t>(E) + static_cast<uint64_t>(e);
-        const uint64_t r = mix(base + idx * kGolden);
+        const uint64_t r = mix64(base + idx * kGolden);
         const double u1 = (static_cast<double>(r >> 32) + 0.5) * inv32;          // (0, 1)
         const double u2 = (static_cast<double>(r & 0xFFFFFFFFull) + 0.5) * inv32;
         p[t * E + e] = std::sqrt(-2.0 * std::log(u1)) * std::cos(two_pi * u2);

@@ -15,6 +15,7 @@
 #include <cmath>
 
 #include "models/backbone.h"
+#include "models/ema.h"
 #include "ops/routing_attention/routing_attention.h"
 
 namespace seqrec::models {
@@ -75,14 +76,8 @@ class RoutingAttentionImpl : public AttentionModuleImpl {
 
   void apply_statistics() override {
     torch::NoGradGuard no_grad;
-    const double a = decay_, eps = 1e-5;
-    ema_count_.mul_(a).add_(pending_count_, 1 - a);
-    ema_sum_.mul_(a).add_(pending_sum_, 1 - a);
-    pending_count_.zero_();
-    pending_sum_.zero_();
-    auto total = ema_count_.sum(-1, true);
-    auto smoothed = (ema_count_ + eps) / (total + sizes_.clusters * eps) * total;  // Laplace
-    auto mean = ema_sum_ / smoothed.unsqueeze(-1);
+    ema_fold(ema_count_, ema_sum_, pending_count_, pending_sum_, decay_);
+    auto mean = smoothed_means(ema_count_, ema_sum_);
     // A centroid whose mean direction vanished (opposite vectors cancelling) keeps its place.
     auto norm = mean.norm(2, -1, true);
     centroids_.copy_(torch::where(norm > 1e-12, mean / norm.clamp_min(1e-12), centroids_));

@@ -1,4 +1,5 @@
 #pragma once
+#include <cstdint>
 // Inverted dropout whose mask comes from a counter-based generator: one 64-bit draw from
 // Torch's default generator seeds the call (so the dropout stream is part of the saved RNG
 // state and resumes exactly), and element i's keep decision is a hash of (seed, i).
@@ -9,6 +10,14 @@ namespace seqrec::ops {
 
 // x * mask / (1 - p) with mask ~ Bernoulli(1 - p); identity when !training or p == 0.
 at::Tensor dropout(const at::Tensor& x, double p, bool training);
+
+// SplitMix64's finaliser: the counter-based hash behind dropout masks, MoE gating noise and
+// keyed priorities (a bijection on 64 bits with good avalanche).
+inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
 
 // One 64-bit draw from Torch's default CPU generator: the seed of one call's counter-based
 // random bits (dropout masks, Top-K attention dropout, MoE gating noise), so that they are

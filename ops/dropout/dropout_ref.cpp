@@ -5,15 +5,6 @@
 #include <torch/torch.h>
 
 namespace seqrec::ops {
-namespace {
-
-inline uint64_t mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-}  // namespace
 
 uint64_t random_seed() {
   auto gen = at::detail::getDefaultCPUGenerator();
@@ -29,11 +20,11 @@ at::Tensor dropout_mask(const at::Tensor& like, double p, uint64_t seed) {
   // Four keep decisions per 64-bit hash, 16 bits each: keep when the 16-bit lane is >=
   // p * 2^16 (p is resolved to 1/65536, far below any dropout rate's meaning).
   const uint32_t threshold = static_cast<uint32_t>(p * 65536.0 + 0.5);
-  const uint64_t base = mix(seed ^ 0x9E3779B97F4A7C15ull);
+  const uint64_t base = mix64(seed ^ 0x9E3779B97F4A7C15ull);
   const int64_t n = mask.numel();
   at::parallel_for(0, (n + 3) / 4, 1 << 14, [&](int64_t begin, int64_t end) {
     for (int64_t w = begin; w < end; ++w) {
-      const uint64_t r = mix(base + static_cast<uint64_t>(w) * 0x9E3779B97F4A7C15ull);
+      const uint64_t r = mix64(base + static_cast<uint64_t>(w) * 0x9E3779B97F4A7C15ull);
       const int64_t i0 = w * 4, lanes = std::min<int64_t>(4, n - i0);
       for (int64_t j = 0; j < lanes; ++j) m[i0 + j] = ((r >> (16 * j)) & 0xFFFF) >= threshold ? scale : 0.0f;
     }

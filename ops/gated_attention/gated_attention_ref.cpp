@@ -2,6 +2,7 @@
 
 #include "ops/dropout/dropout.h"
 #include "ops/linear_attention/linear_attention.h"
+#include "ops/op_checks.h"
 
 #include <torch/torch.h>
 
@@ -21,12 +22,7 @@ constexpr double kEps = 1e-12;
 constexpr int64_t kChunk = 64;
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-void check_key_padding(const at::Tensor& key_padding, int64_t B, int64_t L) {
-  TORCH_CHECK(key_padding.dim() == 2 && key_padding.size(0) == B && key_padding.size(1) == L &&
-                  key_padding.scalar_type() == at::kBool,
-              "key_padding must be bool [B, L] = [", B, ", ", L, "]; got ", key_padding.sizes(), " ",
-              key_padding.scalar_type());
-}
+using detail::check_key_padding;
 
 void check_topk(int64_t topk, double p) {
   TORCH_CHECK(topk >= 0, "topk must be >= 0 (0 = off), got ", topk);

@@ -1,6 +1,7 @@
 #include "ops/routing_attention/routing_attention.h"
 
 #include "ops/dropout/dropout.h"
+#include "ops/op_checks.h"
 
 #include <torch/torch.h>
 
@@ -14,12 +15,7 @@ namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-void check_key_padding(const at::Tensor& key_padding, int64_t B, int64_t L) {
-  TORCH_CHECK(key_padding.dim() == 2 && key_padding.size(0) == B && key_padding.size(1) == L &&
-                  key_padding.scalar_type() == at::kBool,
-              "key_padding must be bool [B, L] = [", B, ", ", L, "]; got ", key_padding.sizes(), " ",
-              key_padding.scalar_type());
-}
+using detail::check_key_padding;
 
 void check_float4(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.dim() == 4 && at::isFloatingType(x.scalar_type()), name, " must be float [B, H, L, d]; got ",

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace seqrec::testing {
@@ -38,6 +39,17 @@ inline void expect_gradients_match_central_differences(const std::function<at::T
       flat[j] = keep;
       EXPECT_NEAR(g[j].item<double>(), (up - down) / (2 * h), tol) << "input " << i << " index " << j;
     }
+  }
+}
+
+// Runs f and expects it to throw (c10::Error or any std::exception) with `what` in the message.
+template <class F>
+void expect_error(F f, const std::string& what) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one naming '" << what << "'";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
   }
 }
 

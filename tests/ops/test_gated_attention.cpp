@@ -24,6 +24,7 @@ using seqrec::ops::gated_attention_weights;
 using seqrec::ops::GatedAttentionForm;
 using seqrec::ops::GatedAttentionOptions;
 using seqrec::ops::topk_positions;
+using seqrec::testing::expect_error;
 using seqrec::testing::padding_mask;
 
 const auto kF64 = torch::kFloat64;
@@ -446,16 +447,6 @@ TEST(GatedAttention, CausalTopkDropoutKeepsCausality) {
     EXPECT_EQ(max_err(a2.narrow(2, 0, t), a.narrow(2, 0, t)), 0.0) << describe(form, true);
     auto rows = a.sum(-1).narrow(2, 3, L - 3);
     EXPECT_LT(max_err(rows, torch::ones_like(rows)), 1e-12) << describe(form, true);
-  }
-}
-
-template <class F>
-void expect_error(F f, const std::string& what) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one naming '" << what << "'";
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what_without_backtrace()).find(what), std::string::npos) << e.what_without_backtrace();
   }
 }
 

@@ -14,6 +14,7 @@
 #include "tests/ops/op_test_util.h"
 
 namespace {
+using seqrec::testing::expect_error;
 
 using seqrec::ops::decayed_prefix_sum;
 using seqrec::ops::lisa_attention;
@@ -292,17 +293,6 @@ TEST(LisaAttention, LongSequencesStayFinite) {
       << max_err(out.detach(), want);
   (out * torch::randn_like(out)).sum().backward();
   for (auto* p : {&w, &t, &v}) EXPECT_TRUE(torch::isfinite(p->grad()).all().item<bool>());
-}
-
-// Runs f, expects it to throw, and expects the message to contain `what`.
-template <class F>
-void expect_error(F f, const std::string& what) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one naming '" << what << "'";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-  }
 }
 
 TEST(LisaAttention, BadInputIsNamed) {

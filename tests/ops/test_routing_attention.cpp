@@ -25,6 +25,7 @@ using seqrec::ops::local_attention;
 using seqrec::ops::routed_attention;
 using seqrec::ops::routed_attention_reference;
 using seqrec::ops::RoutingPlan;
+using seqrec::testing::expect_error;
 using seqrec::testing::padding_mask;
 
 const auto kF64 = torch::kFloat64;
@@ -454,17 +455,6 @@ TEST(RoutingAttention, DropoutIsIdentityAtZeroAndReproducible) {
     EXPECT_TRUE(torch::equal(a, b));
     EXPECT_FALSE(torch::allclose(a, eval));
     EXPECT_EQ(a.masked_fill(pad.logical_not().view({B, 1, L, 1}), 0.0).abs().max().item<double>(), 0.0);
-  }
-}
-
-// Runs f, expects a c10::Error whose message contains `what`.
-template <class F>
-void expect_error(F f, const std::string& what) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one naming '" << what << "'";
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what_without_backtrace()).find(what), std::string::npos) << e.what_without_backtrace();
   }
 }
 
