@@ -182,7 +182,7 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
     auto h = model.encode_last(input, who).contiguous();  // [nb, D]
     at::Tensor scores;
     if (protocol.sampled) {
-      scores = torch::bmm(table.index_select(0, cands.view({-1})).view({nb, C, -1}), h.unsqueeze(2))
+      scores = torch::bmm(table.index_select(0, cands.view({-1})).view({nb, C, table.size(1)}), h.unsqueeze(2))
                    .squeeze(2);
     } else {
       auto full = torch::matmul(h, table.t());  // [nb, N+1]

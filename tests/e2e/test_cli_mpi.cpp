@@ -199,6 +199,18 @@ TEST_F(CliMpi, ExpertParallelRunsResumeAtOtherLayouts) {
     // dropped differently moves an expert's weights by > 1e-4.
     EXPECT_LT(worst, 1e-5) << "resumed at " << np << " ranks: max |delta param| " << worst << " in " << where;
   }
+  // A rank with no data at all (3 ranks, 2 shards) still takes part in every step's and every
+  // evaluation batch's collectives: training, validation and the final test complete.
+  const std::string two = dir("data-2shards");
+  auto s2 = run_seqrec("synth --out " + two + " --users 120 --items 200 --events 3000 --seed 5 --shards 2 --progress=false");
+  ASSERT_EQ(s2.code, 0) << s2.output;
+  auto idle = run_command(mpirun() + " -np 3 " + seqrec_bin() + " train --data " + two + " --out " +
+                              dir("ep-idle") + " --max_len 16 --hidden 16 --blocks 1 --heads 1 --batch_size 8 " +
+                              "--epochs 1 --eval_every 1 --eval_negatives 20 --threads 1 --log_every 1000" + flash + " --expert_parallel 3",
+                          300);
+  ASSERT_EQ(idle.code, 0) << idle.output;
+  EXPECT_TRUE(contains(idle.output, "split=test")) << idle.output;
+
   auto bad = run_command(mpirun() + " -np 2 " + seqrec_bin() + args(dir("ep-bad"), 12, 2) +
                              " --moe_experts 3 --moe_top_k 1 --expert_parallel 2",
                          120);
