@@ -105,26 +105,10 @@ class MpiComm : public Comm {
       MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
       owns_init_ = true;
     }
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
-    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
-    MPI_Comm local;
-    MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
-    MPI_CHECK(MPI_Comm_rank(local, &local_rank_));
-    MPI_CHECK(MPI_Comm_size(local, &local_size_));
-    MPI_Comm_free(&local);
+    attach();
   }
-  // A sub-communicator of `parent` (from split()); MPI stays initialised by the world's Comm.
-  explicit MpiComm(MPI_Comm sub) : comm_(sub) {
-    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-    MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
-    MPI_CHECK(MPI_Comm_size(comm_, &size_));
-    MPI_Comm local;
-    MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
-    MPI_CHECK(MPI_Comm_rank(local, &local_rank_));
-    MPI_CHECK(MPI_Comm_size(local, &local_size_));
-    MPI_Comm_free(&local);
-  }
+  // A sub-communicator (from split()); MPI stays initialised by the world's Comm.
+  explicit MpiComm(MPI_Comm sub) : comm_(sub) { attach(); }
   ~MpiComm() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -271,6 +255,18 @@ class MpiComm : public Comm {
   }
 
  private:
+  // Errors come back as codes (MPI_CHECK); rank, size and the node-local share of comm_.
+  void attach() {
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    MPI_Comm local;
+    MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
+    MPI_CHECK(MPI_Comm_rank(local, &local_rank_));
+    MPI_CHECK(MPI_Comm_size(local, &local_size_));
+    MPI_Comm_free(&local);
+  }
+
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   bool owns_init_ = false;
   MPI_Comm comm_ = MPI_COMM_WORLD;

@@ -44,6 +44,18 @@ double EvalResult::get(const std::string& name) const {
   return it->second;
 }
 
+models::UserInput user_input(const at::Tensor& ids, const io::UserSequences& seqs, const io::DatasetMeta& meta) {
+  models::UserInput u;
+  u.ids = ids;
+  const int64_t features = static_cast<int64_t>(meta.user_feature_cardinalities.size());
+  if (features > 0) {
+    auto table = torch::from_blob(const_cast<int32_t*>(seqs.user_features.data()), {seqs.num_users(), features},
+                                  torch::kInt32);
+    u.features = table.index_select(0, ids - seqs.user_begin).to(torch::kLong);
+  }
+  return u;
+}
+
 int64_t pessimistic_rank(const float* scores, int64_t n) {
   const float t = scores[0];
   int64_t rank = 1;
@@ -117,7 +129,6 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
   // next item (BERT4Rec's protocol).
   const bool cloze = model.options().objective == "cloze";
   const int64_t extra = cloze ? 1 : 0;
-  const int64_t num_features = static_cast<int64_t>(meta.user_feature_cardinalities.size());
   std::vector<uint8_t> seen(N + 1, 0);
   int64_t batches = (static_cast<int64_t>(users.size()) + options.batch_users - 1) / options.batch_users;
   if (options.lockstep) {
@@ -171,15 +182,9 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
         for (int64_t i = 0; i < n; ++i) seen[s[i]] = 0;
       }
     }
-    models::UserInput who;
-    who.ids = nb == 0 ? torch::zeros({0}, torch::kInt64)
-                      : torch::from_blob(const_cast<int64_t*>(users.data() + b0), {nb}, torch::kInt64).clone();
-    if (num_features > 0) {
-      auto table_f = torch::from_blob(const_cast<int32_t*>(seqs.user_features.data()),
-                                      {seqs.num_users(), num_features}, torch::kInt32);
-      who.features = table_f.index_select(0, who.ids - seqs.user_begin).to(torch::kLong);
-    }
-    auto h = model.encode_last(input, who).contiguous();  // [nb, D]
+    auto ids = nb == 0 ? torch::zeros({0}, torch::kInt64)
+                       : torch::from_blob(const_cast<int64_t*>(users.data() + b0), {nb}, torch::kInt64).clone();
+    auto h = model.encode_last(input, user_input(ids, seqs, meta)).contiguous();  // [nb, D]
     at::Tensor scores;
     if (protocol.sampled) {
       scores = torch::bmm(table.index_select(0, cands.view({-1})).view({nb, C, table.size(1)}), h.unsqueeze(2))

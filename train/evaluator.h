@@ -8,10 +8,8 @@
 #include <vector>
 
 #include "io/dataset.h"
+#include "models/model.h"
 
-namespace seqrec::models {
-class SequenceModel;
-}
 namespace seqrec::dist {
 class Comm;
 }
@@ -58,6 +56,10 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
                     const io::DatasetMeta& meta, Split split, const EvalProtocol& protocol,
                     const EvalOptions& options, dist::Comm& comm,
                     const std::vector<double>* popularity = nullptr);
+
+// The rows' users as the models read them: their ids and, when the dataset has user features,
+// their feature codes ([n, F], from this rank's shard range, which must hold every id).
+models::UserInput user_input(const at::Tensor& ids, const io::UserSequences& seqs, const io::DatasetMeta& meta);
 
 // Rank of the target (1 = best) among candidates; ties count against the target.
 // scores[0] is the target; returns 1 + #{j > 0 : scores[j] >= scores[0]}.

@@ -204,21 +204,6 @@ io::TrainBatch cloze_batch(const io::TrainBatch& b, double mask_prob, uint64_t s
   return c;
 }
 
-// The rows' users for models that read them: ids, and feature codes when the dataset has them.
-models::UserInput users_of(const at::Tensor& ids, const io::UserSequences& seqs, int64_t num_features) {
-  models::UserInput u;
-  u.ids = ids;
-  if (num_features > 0 && ids.numel() > 0) {
-    auto local = ids - seqs.user_begin;
-    auto table = torch::from_blob(const_cast<int32_t*>(seqs.user_features.data()),
-                                  {seqs.num_users(), num_features}, torch::kInt32);
-    u.features = table.index_select(0, local).to(torch::kLong);
-  } else if (num_features > 0) {
-    u.features = torch::zeros({0, num_features}, torch::kLong);
-  }
-  return u;
-}
-
 std::string fmt(double v, int precision = 4) {
   std::ostringstream s;
   s << std::fixed << std::setprecision(precision) << v;
@@ -384,10 +369,9 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   if (P > 1)
     for (auto& n : model->expert_parameters()) layout.experts.insert(n);
   auto named = model->named_parameters();
-  std::vector<at::Tensor> params, replicated, sharded;
+  std::vector<at::Tensor> replicated, sharded;
   int64_t num_params = 0;
   for (auto& [n, t] : named) {
-    params.push_back(t);
     (layout.sharded(n) ? sharded : replicated).push_back(t);
     num_params += t.numel();
     // Defined, zeroed gradients: a rank with no examples in a step still all-reduces zeros.
@@ -395,7 +379,6 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   }
   // Experts are initialised from their global ids, identical wherever they live.
   dist::broadcast_parameters(comm, replicated, 0);
-  const int64_t length_groups = o.length_groups;
   Adam adam(named, o.adam);
   io::TrainLoader loader(seqs, meta, o.loader, rank, world);
   std::vector<double> popularity;
@@ -560,8 +543,8 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
 
     double local_loss = 0;
     if (local_targets > 0 || layout.lockstep) {
-      const auto users = users_of(batch.users, seqs, static_cast<int64_t>(meta.user_feature_cardinalities.size()));
-      auto loss = batch_loss_sum(*model, batch, users, o.loss, length_groups, /*whole=*/moe) / global_targets;
+      const auto users = user_input(batch.users, seqs, meta);
+      auto loss = batch_loss_sum(*model, batch, users, o.loss, o.length_groups, /*whole=*/moe) / global_targets;
       loss.backward();
       local_loss = loss.item<double>() * global_targets;
     }

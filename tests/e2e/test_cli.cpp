@@ -115,16 +115,24 @@ TEST_F(Cli, LearnsTheSyntheticStructure) {
   EXPECT_GT(test_hr, 0.3) << r.output;
 }
 
+// `common` trained for `total` steps into `whole`, and for `first` steps then resumed
+// (`--resume auto`) up to `total` into `split`; the callers compare the two runs' checkpoints.
+void train_whole_and_resumed(const std::string& common, const std::string& whole, const std::string& split,
+                             int first, int total) {
+  auto w = run_seqrec(common + "--out " + whole + " --max_steps " + std::to_string(total), 300);
+  ASSERT_EQ(w.code, 0) << w.output;
+  auto a = run_seqrec(common + "--out " + split + " --max_steps " + std::to_string(first), 300);
+  ASSERT_EQ(a.code, 0) << a.output;
+  auto b = run_seqrec(common + "--out " + split + " --max_steps " + std::to_string(total) + " --resume auto", 300);
+  ASSERT_EQ(b.code, 0) << b.output;
+  EXPECT_TRUE(contains(b.output, "[resume]")) << b.output;
+}
+
 TEST_F(Cli, ResumeIsExact) {
   const std::string a = dir("resume-a"), b = dir("resume-b");
   const std::string common = "train --data " + data() + " " + kTrainSmall + "--epochs 5 --final_test=false ";
   // 14 steps uninterrupted (crosses an epoch boundary: 300 users / 32 = 10 steps per epoch).
-  ASSERT_EQ(run_seqrec(common + "--out " + a + " --max_steps 14", 300).code, 0);
-  auto first = run_seqrec(common + "--out " + b + " --max_steps 6", 300);
-  ASSERT_EQ(first.code, 0) << first.output;
-  auto second = run_seqrec(common + "--out " + b + " --max_steps 14 --resume auto", 300);
-  ASSERT_EQ(second.code, 0) << second.output;
-  EXPECT_TRUE(contains(second.output, "[resume]")) << second.output;
+  ASSERT_NO_FATAL_FAILURE(train_whole_and_resumed(common, a, b, 6, 14));
   auto pa = params_of(newest_checkpoint(a)), pb = params_of(newest_checkpoint(b));
   ASSERT_EQ(pa.size(), pb.size());
   ASSERT_FALSE(pa.empty());
@@ -137,10 +145,7 @@ TEST_F(Cli, ResumeContinuesTheEmaCodebooksExactly) {
   const std::string common = "train --data " + data() + " " + kTrainSmall +
                              "--epochs 5 --final_test=false --model lisa --codebook_update ema --codebooks 2 "
                              "--codewords 8 --norm_first=false --ema_decay 0.9 ";
-  ASSERT_EQ(run_seqrec(common + "--out " + a + " --max_steps 12", 300).code, 0);
-  ASSERT_EQ(run_seqrec(common + "--out " + b + " --max_steps 5", 300).code, 0);
-  auto second = run_seqrec(common + "--out " + b + " --max_steps 12 --resume auto", 300);
-  ASSERT_EQ(second.code, 0) << second.output;
+  ASSERT_NO_FATAL_FAILURE(train_whole_and_resumed(common, a, b, 5, 12));
   auto pa = params_of(newest_checkpoint(a)), pb = params_of(newest_checkpoint(b));
   ASSERT_EQ(pa.size(), pb.size());
   int codebooks = 0;
@@ -157,10 +162,7 @@ TEST_F(Cli, ResumeContinuesTheRoutingCentroidsExactly) {
   const std::string common = "train --data " + data() + " " + kTrainSmall +
                              "--epochs 5 --final_test=false --model routing --blocks 2 --heads 2 --routing_clusters 3 "
                              "--routing_decay 0.8 ";
-  ASSERT_EQ(run_seqrec(common + "--out " + a + " --max_steps 12", 300).code, 0);
-  ASSERT_EQ(run_seqrec(common + "--out " + b + " --max_steps 5", 300).code, 0);
-  auto second = run_seqrec(common + "--out " + b + " --max_steps 12 --resume auto", 300);
-  ASSERT_EQ(second.code, 0) << second.output;
+  ASSERT_NO_FATAL_FAILURE(train_whole_and_resumed(common, a, b, 5, 12));
   auto pa = params_of(newest_checkpoint(a)), pb = params_of(newest_checkpoint(b)),
        start = params_of(newest_checkpoint(b, /*oldest=*/true));
   ASSERT_EQ(pa.size(), pb.size());

@@ -42,6 +42,12 @@ inline void expect_gradients_match_central_differences(const std::function<at::T
   }
 }
 
+// Largest absolute difference, compared in double (so a float result can meet a double
+// reference); 0 for empty tensors.
+inline double max_err(const at::Tensor& a, const at::Tensor& b) {
+  return a.numel() == 0 ? 0.0 : (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+}
+
 // Runs f and expects it to throw (c10::Error or any std::exception) with `what` in the message.
 template <class F>
 void expect_error(F f, const std::string& what) {

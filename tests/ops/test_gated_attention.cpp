@@ -25,6 +25,7 @@ using seqrec::ops::GatedAttentionForm;
 using seqrec::ops::GatedAttentionOptions;
 using seqrec::ops::topk_positions;
 using seqrec::testing::expect_error;
+using seqrec::testing::max_err;
 using seqrec::testing::padding_mask;
 
 const auto kF64 = torch::kFloat64;
@@ -43,10 +44,6 @@ GatedAttentionOptions options(GatedAttentionForm form, bool causal, int64_t topk
 
 std::string describe(GatedAttentionForm form, bool causal) {
   return std::string(seqrec::ops::gated_attention_form_name(form)) + (causal ? " causal" : " bidirectional");
-}
-
-double max_err(const at::Tensor& a, const at::Tensor& b) {
-  return a.numel() == 0 ? 0.0 : (a - b).abs().max().item<double>();
 }
 
 struct Naive {

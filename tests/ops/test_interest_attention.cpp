@@ -14,6 +14,7 @@
 #include "tests/ops/op_test_util.h"
 
 namespace {
+using seqrec::testing::max_err;
 
 using seqrec::testing::padding_mask;
 
@@ -149,7 +150,6 @@ at::Tensor fused(const Inputs& in, int64_t chunk = 0, double p = 0.0, bool train
   return causal_interest_attention(in.q, in.k, in.v, in.ak, in.av, in.pad, p, training, chunk);
 }
 
-double max_err(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
 TEST(CausalInterestAttention, MatchesReferenceComposition) {
   torch::manual_seed(21);

@@ -15,6 +15,7 @@
 
 namespace {
 using seqrec::testing::expect_error;
+using seqrec::testing::max_err;
 
 using seqrec::ops::decayed_prefix_sum;
 using seqrec::ops::lisa_attention;
@@ -126,10 +127,6 @@ at::Tensor naive_autograd(const at::Tensor& weights, const at::Tensor& index, co
   auto ok = (z.detach() > 0).logical_and(real.to(torch::kBool));
   auto A = torch::where(ok, e / torch::where(ok, z, torch::ones_like(z)), torch::zeros_like(e));
   return torch::einsum("bicw,cwd->bid", {A, values});
-}
-
-double max_err(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
 }
 
 struct Case {

@@ -26,6 +26,7 @@ using seqrec::ops::routed_attention;
 using seqrec::ops::routed_attention_reference;
 using seqrec::ops::RoutingPlan;
 using seqrec::testing::expect_error;
+using seqrec::testing::max_err;
 using seqrec::testing::padding_mask;
 
 const auto kF64 = torch::kFloat64;
@@ -141,14 +142,6 @@ at::Tensor naive_local(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   return out;
 }
 
-double max_err(const at::Tensor& a, const at::Tensor& b) {
-  return a.numel() == 0 ? 0.0 : (a - b).abs().max().item<double>();
-}
-
-at::Tensor pad_of(const std::vector<int64_t>& lengths, int64_t L, bool left) {
-  return padding_mask(lengths, L, left);
-}
-
 struct Case {
   int64_t B, H, L, D, K, W, S;
   std::vector<int64_t> lengths;
@@ -180,7 +173,7 @@ TEST(RoutingAttention, MatchesLoopReferences) {
   for (const auto& c : shape_cases()) {
     auto r = torch::randn({c.B, c.H, c.L, c.D}, kF64), v = torch::randn({c.B, c.H, c.L, c.D + 1}, kF64);
     auto mu = torch::randn({c.H, c.K, c.D}, kF64);
-    auto pad = pad_of(c.lengths, c.L, c.left);
+    auto pad = padding_mask(c.lengths, c.L, c.left);
     const std::string where = describe(c);
 
     auto plan = causal_balanced_routing(r, mu, pad, c.W, c.S);
@@ -232,7 +225,7 @@ TEST(RoutingAttention, FusedMatchesReference) {
       auto r64 = torch::randn({c.B, c.H, c.L, c.D}, kF64);
       auto v64 = torch::randn({c.B, c.L, c.H, c.D + 1}, kF64).transpose(1, 2);
       auto g64 = torch::randn({c.B, c.H, c.L, c.D + 1}, kF64);
-      auto pad = pad_of(c.lengths, c.L, c.left);
+      auto pad = padding_mask(c.lengths, c.L, c.left);
       auto plan = causal_balanced_routing(r64, torch::randn({c.H, c.K, c.D}, kF64), pad, c.W, c.S);
       for (auto dtype : {torch::kFloat64, torch::kFloat32}) {
         if (dtype == torch::kFloat32 && scale > 1) continue;
@@ -264,7 +257,7 @@ TEST(RoutingAttention, FusedDropoutMatchesReference) {
   torch::manual_seed(29);
   const int64_t B = 3, H = 2, L = 21, D = 4, W = 3, S = 4;
   const double p = 0.3;
-  auto pad = pad_of({L, 13, 0}, L, true);
+  auto pad = padding_mask({L, 13, 0}, L, true);
   auto r = torch::randn({B, H, L, D}, kF64).requires_grad_(), v = torch::randn({B, H, L, D + 1}, kF64).requires_grad_();
   auto g = torch::randn({B, H, L, D + 1}, kF64);
   auto plan = causal_balanced_routing(r.detach(), torch::randn({H, 3, D}, kF64), pad, W, S);
@@ -299,7 +292,7 @@ TEST(RoutingAttention, FusedDropoutMatchesReference) {
 TEST(RoutingAttention, FutureSlotsChangeNoEarlierOutput) {
   torch::manual_seed(22);
   const int64_t B = 2, H = 2, L = 23, D = 4, K = 3, W = 3, S = 4;
-  auto pad = pad_of({L, 15}, L, true);
+  auto pad = padding_mask({L, 15}, L, true);
   auto r = torch::randn({B, H, L, D}, kF64), v = torch::randn({B, H, L, D}, kF64);
   auto q = torch::randn({B, H, L, D}, kF64), k = torch::randn({B, H, L, D}, kF64);
   auto mu = torch::randn({H, K, D}, kF64);
@@ -327,7 +320,7 @@ TEST(RoutingAttention, PaddedSlotsChangeNoRealOutput) {
   torch::manual_seed(23);
   const int64_t B = 3, H = 2, L = 19, D = 4, K = 3, W = 4, S = 3;
   for (bool left : {true, false}) {
-    auto pad = pad_of({L, 12, 3}, L, left);
+    auto pad = padding_mask({L, 12, 3}, L, left);
     auto real = pad.logical_not().view({B, 1, L, 1});
     auto r = torch::randn({B, H, L, D}, kF64), v = torch::randn({B, H, L, D}, kF64);
     auto q = torch::randn({B, H, L, D}, kF64), k = torch::randn({B, H, L, D}, kF64);
@@ -359,7 +352,7 @@ TEST(RoutingAttention, LeftPaddingChangesNoRealOutput) {
   torch::manual_seed(24);
   const int64_t B = 2, H = 2, L = 15, D = 3, K = 3, W = 3, S = 4, P = 5;
   for (bool left : {true, false}) {
-    auto pad = pad_of({L, 9}, L, left);
+    auto pad = padding_mask({L, 9}, L, left);
     auto r = torch::randn({B, H, L, D}, kF64), v = torch::randn({B, H, L, D}, kF64);
     auto q = torch::randn({B, H, L, D}, kF64), k = torch::randn({B, H, L, D}, kF64);
     auto mu = torch::randn({H, K, D}, kF64);
@@ -398,7 +391,7 @@ TEST(RoutingAttention, GradientsMatchCentralDifferences) {
   torch::manual_seed(25);
   const int64_t B = 2, H = 2, L = 9, D = 3, K = 2;
   for (bool left : {true, false}) {
-    auto pad = pad_of({L, 5}, L, left);
+    auto pad = padding_mask({L, 5}, L, left);
     auto at_pad = [&](const at::Tensor& g) {
       return g.masked_select(pad.view({B, 1, L, 1}).expand_as(g)).abs().max().item<double>();
     };
@@ -427,7 +420,7 @@ TEST(RoutingAttention, FullWindowLocalEqualsCausalSoftmax) {
   for (int64_t L : {1, 6, 13})
     for (bool left : {true, false})
       for (int64_t extra : {0, 3}) {
-        auto pad = pad_of({L, (L + 1) / 2, 0}, L, left);
+        auto pad = padding_mask({L, (L + 1) / 2, 0}, L, left);
         auto q = torch::randn({3, 2, L, 4}, kF64), k = torch::randn({3, 2, L, 4}, kF64),
              v = torch::randn({3, 2, L, 4}, kF64);
         auto got = local_attention(q, k, v, pad, L + extra, 0.0, false);
@@ -440,7 +433,7 @@ TEST(RoutingAttention, FullWindowLocalEqualsCausalSoftmax) {
 TEST(RoutingAttention, DropoutIsIdentityAtZeroAndReproducible) {
   torch::manual_seed(27);
   const int64_t B = 2, H = 2, L = 16, D = 4;
-  auto pad = pad_of({L, 10}, L, true);
+  auto pad = padding_mask({L, 10}, L, true);
   auto r = torch::randn({B, H, L, D}), v = torch::randn({B, H, L, D});
   auto plan = causal_balanced_routing(r, torch::randn({H, 3, D}), pad, 4, 4);
   auto routed = [&](double p, bool training) { return routed_attention(r, v, plan, pad, 0.5, p, training); };
@@ -461,7 +454,7 @@ TEST(RoutingAttention, DropoutIsIdentityAtZeroAndReproducible) {
 TEST(RoutingAttention, BadArgumentsAreNamed) {
   const int64_t B = 2, H = 2, L = 6, D = 3, K = 2;
   auto r = torch::randn({B, H, L, D}), v = torch::randn({B, H, L, D + 1}), mu = torch::randn({H, K, D});
-  auto pad = pad_of({L, 4}, L, true);
+  auto pad = padding_mask({L, 4}, L, true);
   auto plan = causal_balanced_routing(r, mu, pad, 2, 2);
 
   EXPECT_THROW(causal_balanced_routing(r, mu, pad, 0, 2), c10::Error);
