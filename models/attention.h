@@ -3,6 +3,8 @@
 // pulls in torch::nn, so only models/*.cpp include it.
 #include <torch/torch.h>
 
+#include <string>
+
 #include "models/model.h"
 
 namespace seqrec::models {
@@ -67,6 +69,12 @@ class InputCoderImpl : public torch::nn::Module {
   // Online inference: fold one more item (scaled [1, 1, D]) into `state` (undefined before the
   // first item), fill ctx for a single-slot forward of that item, return its residual input.
   virtual bool supports_online() const { return false; }
+  // One line on learned discrete state worth watching during training, computed from the raw
+  // item table (LISA: codebook usage and code collisions); empty when there is none.
+  virtual std::string describe_state(const at::Tensor& item_table) {
+    (void)item_table;
+    return {};
+  }
   virtual at::Tensor online_step(const at::Tensor& scaled, at::Tensor& state, AttentionContext& ctx) {
     (void)scaled, (void)state, (void)ctx;
     return {};

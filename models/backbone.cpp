@@ -284,6 +284,15 @@ class BackboneModel : public SequenceModel {
     return total;
   }
   const ModelOptions& options() const override { return o_; }
+  std::string describe_state() override {
+    if (!net_->coder()) return {};
+    torch::NoGradGuard no_grad;
+    const bool was_training = net_->is_training();
+    net_->train(false);
+    auto line = net_->coder()->describe_state(net_->raw_item_table().narrow(0, 0, o_.num_items + 1));
+    net_->train(was_training);
+    return line;
+  }
 
  private:
   ModelOptions o_;

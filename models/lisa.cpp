@@ -12,6 +12,8 @@
 // step are exposed through pending_statistics() so the trainer all-reduces them before
 // apply_statistics(): N ranks with batch b update exactly as one rank with batch N·b.
 #include <cmath>
+#include <iomanip>
+#include <sstream>
 
 #include "models/backbone.h"
 #include "models/ema.h"
@@ -186,6 +188,36 @@ class LisaCoderImpl : public InputCoderImpl {
     ctx.code_weights = state.view({1, 1, C, W});
     ctx.code_index = codes.index.reshape({1, 1, C});
     return codes.recon.reshape({1, 1, D});
+  }
+
+  // Per codebook set: codewords in use per codebook, distinct full codes among the items (two
+  // items with one code get identical target scores under Base and Mini), the largest group
+  // sharing a code, and the relative reconstruction error of the scaled item embeddings.
+  std::string describe_state(const at::Tensor& item_table) override {
+    auto scaled = item_table.narrow(0, 1, item_table.size(0) - 1) * std::sqrt(static_cast<double>(o_.hidden));
+    const int64_t N = scaled.size(0);
+    auto none = torch::zeros({N}, torch::kBool);
+    std::ostringstream line;
+    line << std::fixed << std::setprecision(3);
+    for (auto* q : {sequence_.get(), target_.get()}) {
+      if (!q) continue;
+      auto codes = q->encode(scaled, none, /*collect=*/false);
+      auto idx = codes.index;  // [N, C]
+      std::vector<int64_t> used;
+      for (int64_t b = 0; b < q->books(); ++b) used.push_back(std::get<0>(at::_unique(idx.select(1, b))).numel());
+      // One int64 key per item from its C indices (C·log2(W) bits may exceed 64: then a hash).
+      auto key = torch::zeros({N}, torch::kLong);
+      for (int64_t b = 0; b < q->books(); ++b) key = key * 1000003 + idx.select(1, b);
+      auto [uniq, inverse, counts] = at::_unique2(key, /*sorted=*/false, /*return_inverse=*/false, true);
+      (void)inverse;
+      const double err = ((scaled - codes.recon).norm() / scaled.norm().clamp_min(1e-12)).item<double>();
+      line << (q == sequence_.get() ? "sequence codebooks" : "; target codebooks") << " (" << q->books() << " x "
+           << q->words() << "): codewords used per codebook";
+      for (size_t b = 0; b < used.size(); ++b) line << (b ? "," : " ") << used[b];
+      line << "; distinct item codes " << uniq.numel() << "/" << N << " (largest group "
+           << counts.max().item<int64_t>() << "); reconstruction error " << err;
+    }
+    return line.str();
   }
 
   std::vector<at::Tensor> pending_statistics() override {

@@ -171,6 +171,9 @@ class SequenceModel {
   // without a constant-size state.
   virtual std::unique_ptr<OnlineSession> online_session();
   virtual const ModelOptions& options() const = 0;
+  // One line on learned discrete state (LISA's codebook usage), logged with each evaluation;
+  // empty for models without any.
+  virtual std::string describe_state() { return {}; }
 };
 
 // LISA's item-table compression (the paper's Table 2): the float32 table, 4·N·D bytes, against

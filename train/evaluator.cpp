@@ -211,7 +211,11 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
     const auto* sc = scores.data_ptr<float>();
     const int64_t width = scores.size(1);
     for (int64_t r = 0; r < nb; ++r) {
-      accumulate_rank(pessimistic_rank(sc + r * width, width), options.ks, sums);
+      const float* row = sc + r * width;
+      accumulate_rank(pessimistic_rank(row, width), options.ks, sums);
+      // How often the pessimistic tie rule matters: the target's score equals another
+      // candidate's (models that score quantized targets, such as LISA-Base, can tie).
+      sums["tied"] += std::find(row + 1, row + width, row[0]) != row + width ? 1.0 : 0.0;
     }
   }
 
@@ -239,7 +243,7 @@ std::string format_result(const EvalResult& r, const std::string& dataset, int64
   std::ostringstream s;
   s << std::fixed << std::setprecision(4) << "[eval] dataset=" << dataset << " split=" << split_name(r.split)
     << " epoch=" << epoch << " protocol=\"" << r.protocol.describe() << "\" tie=pessimistic users=" << r.users;
-  for (const char* m : {"HR@5", "HR@10", "HR@20", "NDCG@5", "NDCG@10", "NDCG@20", "MRR@10", "MRR"}) {
+  for (const char* m : {"HR@5", "HR@10", "HR@20", "NDCG@5", "NDCG@10", "NDCG@20", "MRR@10", "MRR", "tied"}) {
     auto it = r.metrics.find(m);
     if (it != r.metrics.end()) s << " " << m << "=" << it->second;
   }

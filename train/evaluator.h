@@ -42,7 +42,9 @@ struct EvalResult {
   Split split = Split::kValid;
   EvalProtocol protocol;
   int64_t users = 0;                      // evaluated users, all ranks
-  std::map<std::string, double> metrics;  // HR@k, NDCG@k, MRR@k, MRR
+  // HR@k, NDCG@k, MRR@k, MRR, and "tied": the fraction of users whose target's score equals
+  // another candidate's (ranked below all of them: ties count against the target).
+  std::map<std::string, double> metrics;
   double seconds = 0;
   double get(const std::string& name) const;  // throws naming the metric
 };

@@ -495,6 +495,7 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
         full.sampled = false;
         evaluate_and_log(Split::kValid, full, c.epoch);
       }
+      if (const auto state = model->describe_state(); !state.empty()) log.line("[model] " + state);
       const double v = r.get(o.select_metric);
       p.evaluated_epochs = c.epoch;
       if (v > p.best_value) {

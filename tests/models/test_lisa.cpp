@@ -153,6 +153,27 @@ TEST(Lisa, TargetsFollowTheVariant) {
   EXPECT_FALSE(torch::allclose(tb, raw * std::sqrt(8.0), 1e-3, 1e-3));
 }
 
+// The state line logged with each evaluation counts what the quantized item table holds: the
+// number of distinct full codes is exactly the number of distinct rows of Base's target table.
+TEST(Lisa, StateLineCountsCodebookUsageAndCollisions) {
+  auto base = make_model(lisa("base"));
+  base->set_training(true);  // the line is computed in evaluation mode whatever the caller's
+  const std::string line = base->describe_state();
+  torch::NoGradGuard g;
+  base->set_training(false);
+  auto rows = std::get<0>(at::unique_dim(base->item_embeddings().narrow(0, 1, 40), 0)).size(0);
+  EXPECT_NE(line.find("distinct item codes " + std::to_string(rows) + "/40"), std::string::npos) << line;
+  EXPECT_NE(line.find("sequence codebooks (3 x 6): codewords used per codebook "), std::string::npos) << line;
+  EXPECT_EQ(line.find("target codebooks"), std::string::npos) << "Base has one codebook set: " << line;
+  auto mini = lisa("mini");
+  mini.target_codebooks = 2;
+  mini.target_codewords = 9;
+  EXPECT_NE(make_model(mini)->describe_state().find("target codebooks (2 x 9)"), std::string::npos);
+  auto sasrec = lisa("base");
+  sasrec.model = "sasrec";
+  EXPECT_TRUE(make_model(sasrec)->describe_state().empty());
+}
+
 // §4.8: the per-user state (decayed codeword histogram) scores every step exactly as a full
 // forward pass over the history so far.
 TEST(Lisa, OnlineStateEqualsTheFullForwardAtEveryStep) {

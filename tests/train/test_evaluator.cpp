@@ -107,6 +107,9 @@ TEST(Evaluator, TiesCountAgainstTheTargetInFullRanking) {
   eo.max_len = 5;
   auto r = train::evaluate(model, f.seqs, f.meta, train::Split::kTest, full, eo, *comm);
   EXPECT_DOUBLE_EQ(r.get("MRR"), 1.0 / 20) << "20 tied items: the target ranks 20th";
+  EXPECT_DOUBLE_EQ(r.get("tied"), 1.0) << "every user's target ties";
+  model.table_.copy_(torch::arange(21, torch::kFloat32).unsqueeze(1));  // distinct scores again
+  EXPECT_DOUBLE_EQ(train::evaluate(model, f.seqs, f.meta, train::Split::kTest, full, eo, *comm).get("tied"), 0.0);
 }
 
 TEST(Evaluator, SampledNegativesAreOutsideTheSequenceAndDeterministic) {
