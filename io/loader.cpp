@@ -39,8 +39,14 @@ uint64_t KeyedRng::below(uint64_t n) {
 
 double KeyedRng::uniform() { return (next() >> 11) * 0x1.0p-53; }
 
+int64_t examples_of(int64_t length, const LoaderOptions& options) {
+  if (!options.windows) return 1;
+  const int64_t transitions = train_length(length) - 1;
+  return std::max<int64_t>(1, (transitions + options.max_len - 1) / options.max_len);
+}
+
 TrainLoader::TrainLoader(const UserSequences& sequences, const DatasetMeta& meta, LoaderOptions options,
-                         int rank, int world)
+                         int rank, int world, std::vector<int64_t> examples_per_user)
     : seqs_(sequences),
       num_users_(meta.num_users),
       num_items_(meta.num_items),
@@ -50,8 +56,23 @@ TrainLoader::TrainLoader(const UserSequences& sequences, const DatasetMeta& meta
   if (opt_.max_len <= 0) throw std::invalid_argument("max_len must be > 0");
   if (opt_.batch_size <= 0) throw std::invalid_argument("batch_size must be > 0");
   if (num_users_ <= 0) throw std::invalid_argument("dataset has no users");
+  num_examples_ = num_users_;
+  if (opt_.windows) {
+    if (static_cast<int64_t>(examples_per_user.size()) != num_users_)
+      throw std::invalid_argument("training windows need the example count of every user: got " +
+                                  std::to_string(examples_per_user.size()) + " counts for " +
+                                  std::to_string(num_users_) + " users");
+    first_example_.assign(num_users_ + 1, 0);
+    for (int64_t u = 0; u < num_users_; ++u) {
+      if (examples_per_user[u] < 1)
+        throw std::invalid_argument("user " + std::to_string(u) + " has " + std::to_string(examples_per_user[u]) +
+                                    " training windows (at least 1 expected)");
+      first_example_[u + 1] = first_example_[u] + examples_per_user[u];
+    }
+    num_examples_ = first_example_.back();
+  }
   global_batch_ = opt_.batch_size * world_;
-  steps_per_epoch_ = (num_users_ + global_batch_ - 1) / global_batch_;
+  steps_per_epoch_ = (num_examples_ + global_batch_ - 1) / global_batch_;
   start_prefetch();
 }
 
@@ -61,10 +82,10 @@ const std::vector<int64_t>& TrainLoader::permutation(int64_t epoch) const {
   // Called from one thread at a time (the prefetch thread, or the caller when synchronous).
   std::lock_guard<std::mutex> lock(perm_mu_);
   if (perm_epoch_ != epoch) {
-    perm_.resize(num_users_);
+    perm_.resize(num_examples_);
     std::iota(perm_.begin(), perm_.end(), 0);
     KeyedRng rng(opt_.seed, kShuffleTag, static_cast<uint64_t>(epoch));
-    for (int64_t i = num_users_ - 1; i > 0; --i) std::swap(perm_[i], perm_[rng.below(i + 1)]);
+    for (int64_t i = num_examples_ - 1; i > 0; --i) std::swap(perm_[i], perm_[rng.below(i + 1)]);
     perm_epoch_ = epoch;
   }
   return perm_;
@@ -81,10 +102,20 @@ Cursor TrainLoader::advance(Cursor c) const {
 TrainBatch TrainLoader::build(Cursor at) const {
   const auto& perm = permutation(at.epoch);
   const int64_t begin = at.step * global_batch_;
-  const int64_t end = std::min(begin + global_batch_, num_users_);
-  std::vector<int64_t> mine;
-  for (int64_t i = begin; i < end; ++i)
-    if (seqs_.owns(perm[i])) mine.push_back(perm[i]);
+  const int64_t end = std::min(begin + global_batch_, num_examples_);
+  // Example e is (user, window): window 0 holds a user's most recent transitions.
+  std::vector<int64_t> mine, window;
+  for (int64_t i = begin; i < end; ++i) {
+    int64_t u = perm[i], w = 0;
+    if (opt_.windows) {
+      u = std::upper_bound(first_example_.begin(), first_example_.end(), perm[i]) - first_example_.begin() - 1;
+      w = perm[i] - first_example_[u];
+    }
+    if (seqs_.owns(u)) {
+      mine.push_back(u);
+      window.push_back(w);
+    }
+  }
 
   const int64_t n = static_cast<int64_t>(mine.size()), L = opt_.max_len;
   TrainBatch b;
@@ -104,11 +135,15 @@ TrainBatch TrainLoader::build(Cursor at) const {
     const int32_t* s = seqs_.items_of(u);
     const int64_t m = train_length(seqs_.length(u));
     if (m < 2) continue;  // nothing to predict
+    // Transitions s[t] -> s[t+1], t < m - 1; window w holds the L of them that end w·L
+    // transitions before the most recent one, right-aligned.
+    const int64_t stop = m - 1 - window[r] * L;
+    if (stop <= 0) continue;  // a count from another configuration: nothing in this window
     for (int64_t i = 0; i < m; ++i) seen[s[i]] = 1;
-    // Transitions s[t] -> s[t+1]; keep the most recent L of them, right-aligned.
-    const int64_t count = std::min<int64_t>(m - 1, L);
-    const int64_t first = m - 1 - count;
-    KeyedRng rng(opt_.seed, kNegativeTag ^ static_cast<uint64_t>(at.epoch), static_cast<uint64_t>(u));
+    const int64_t count = std::min<int64_t>(stop, L);
+    const int64_t first = stop - count;
+    KeyedRng rng(opt_.seed, kNegativeTag ^ static_cast<uint64_t>(at.epoch), static_cast<uint64_t>(u),
+                 static_cast<uint64_t>(window[r]));
     for (int64_t j = 0; j < count; ++j) {
       const int64_t slot = r * L + (L - count + j);
       in[slot] = s[first + j];

@@ -42,6 +42,11 @@ inline int64_t train_length(int64_t n) { return n >= 3 ? n - 2 : n; }
 
 struct LoaderOptions {
   int64_t max_len = 200;
+  // false: one example per user per epoch, its most recent max_len training transitions (older
+  // ones are never trained on). true: every training transition, each user's history cut from
+  // the end into windows of max_len transitions, one example per window (the released LISA
+  // code trains this way); the oldest window may be shorter.
+  bool windows = false;
   int64_t batch_size = 128;  // per rank; the global batch is batch_size * world
   uint64_t seed = 42;
   int prefetch = 4;          // batches built ahead by the prefetch thread; 0 = synchronous
@@ -62,10 +67,18 @@ struct TrainBatch {
   int64_t global_batch_users = 0;  // users in the global batch (all ranks)
 };
 
+// Examples a user contributes per epoch: 1, or with windows ceil(transitions / max_len) (at
+// least 1) where transitions = train_length - 1.
+int64_t examples_of(int64_t length, const LoaderOptions& options);
+
 class TrainLoader {
  public:
+  // `examples_per_user` (size meta.num_users, all ranks' users) is required with
+  // options.windows, since a rank holds the lengths of its own users only (the trainer
+  // all-reduces them); without windows it is ignored. Throws std::invalid_argument on a
+  // missing or wrongly sized vector.
   TrainLoader(const UserSequences& sequences, const DatasetMeta& meta, LoaderOptions options, int rank,
-              int world);
+              int world, std::vector<int64_t> examples_per_user = {});
   ~TrainLoader();
   TrainLoader(const TrainLoader&) = delete;
   TrainLoader& operator=(const TrainLoader&) = delete;
@@ -91,6 +104,8 @@ class TrainLoader {
   const UserSequences& seqs_;
   int64_t num_users_;
   int64_t num_items_;
+  int64_t num_examples_;
+  std::vector<int64_t> first_example_;  // with windows: prefix sums of examples per user (size U + 1)
   LoaderOptions opt_;
   int rank_, world_;
   int64_t global_batch_;

@@ -36,6 +36,9 @@ DEFINE_int32(clusters, 0, "synth: item clusters with Markov transitions; 0 = sqr
 DEFINE_string(data, "", "dataset directory made by 'seqrec prepare' or 'seqrec synth'");
 DEFINE_string(model, "sasrec", "model: sasrec | lisa | lightsans | linrec | routing | flash4rec");
 DEFINE_int64(max_len, 200, "most recent items kept per sequence");
+DEFINE_bool(train_windows, false,
+            "train on every transition: each user's training history cut from the end into windows of "
+            "max_len, one example each (false: only the most recent max_len per user and epoch)");
 DEFINE_int64(hidden, 50, "hidden size d");
 DEFINE_int64(blocks, 2, "attention blocks");
 DEFINE_int64(heads, 1, "attention heads");
@@ -151,7 +154,8 @@ const std::map<std::string, Subcommand>& subcommands() {
       {"train",
        {"train a model (data parallel under mpirun), validate, checkpoint, test the selected model",
         train_flags({"data", "out"}, {"mask_prob", "loss", "lr",
-         "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm", "warmup_steps", "epochs", "batch_size", "eval_every",
+         "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm", "warmup_steps", "epochs", "batch_size",
+         "train_windows", "eval_every",
          "patience", "select_metric", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",
          "full_ranking", "eval_batch", "resume", "checkpoint_every", "keep_checkpoints", "expert_parallel", "replica_check_every", "max_steps",
          "final_test", "log_every", "prefetch", "length_groups", "seed", "comm"})}},

@@ -33,6 +33,7 @@ DECLARE_string(model);
 // The model options (models::model_option_table()) are defined in flags.cpp and read
 // through the table; only the ones the launcher uses directly are declared here.
 DECLARE_int64(max_len);
+DECLARE_bool(train_windows);
 DECLARE_string(loss);
 DECLARE_double(mask_prob);
 DECLARE_double(lr);

@@ -213,6 +213,7 @@ int cmd_train(dist::Comm& comm) {
   o.out = FLAGS_out;
   o.model = model_options_from_flags();
   o.loader.max_len = FLAGS_max_len;
+  o.loader.windows = FLAGS_train_windows;
   o.loader.batch_size = FLAGS_batch_size;
   o.loader.seed = FLAGS_seed;
   o.loader.prefetch = FLAGS_prefetch;

@@ -278,6 +278,7 @@ TensorBundle make_snapshot(models::SequenceModel& model, const Adam& adam, const
   b.meta["dataset"] = o.data;
   b.meta["world_size"] = std::to_string(world);
   b.meta["global_batch"] = std::to_string(o.loader.batch_size * world);
+  b.meta["train_windows"] = o.loader.windows ? "true" : "false";
   return b;
 }
 
@@ -380,7 +381,18 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   // Experts are initialised from their global ids, identical wherever they live.
   dist::broadcast_parameters(comm, replicated, 0);
   Adam adam(named, o.adam);
-  io::TrainLoader loader(seqs, meta, o.loader, rank, world);
+  // Training windows: every rank needs every user's example count; each knows its own users'.
+  std::vector<int64_t> examples_per_user;
+  if (o.loader.windows) {
+    auto counts = torch::zeros({meta.num_users}, torch::kFloat64);  // exact below 2^53
+    auto* c = counts.data_ptr<double>();
+    for (int64_t u = seqs.user_begin; u < seqs.user_end; ++u)
+      c[u] = static_cast<double>(io::examples_of(seqs.length(u), o.loader));
+    comm.all_reduce(counts);
+    examples_per_user.resize(meta.num_users);
+    for (int64_t u = 0; u < meta.num_users; ++u) examples_per_user[u] = std::llround(c[u]);
+  }
+  io::TrainLoader loader(seqs, meta, o.loader, rank, world, std::move(examples_per_user));
   std::vector<double> popularity;
   if (o.select_protocol.popularity) popularity = item_popularity(seqs, meta, comm);
 
@@ -417,6 +429,12 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
     p.bad_evals = std::stoll(s.value("bad_evals"));
     p.train_seconds = std::stod(s.value("train_seconds"));
     io::Cursor c{std::stoll(s.value("cursor_epoch")), std::stoll(s.value("cursor_step"))};
+    // The cursor indexes an epoch's examples, which windows change: no silent remapping.
+    const bool saved_windows = s.meta.count("train_windows") && s.value("train_windows") == "true";
+    if (saved_windows != o.loader.windows)
+      throw std::runtime_error(*resume_from + " was trained " + (saved_windows ? "with" : "without") +
+                               " --train_windows; resume it " + (saved_windows ? "with" : "without") +
+                               " the flag (or start a new --out)");
     // The cursor counts global batches of the saved run's size: with another global batch
     // (world size or per-rank batch changed) continue the epoch from the same example offset.
     // Checkpoints written before the key existed held the per-rank batch of this configuration.
@@ -446,7 +464,8 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   log.line("[setup] model=" + mo.model + " params=" + std::to_string(num_params) + " max_len=" +
            std::to_string(mo.max_len) + " hidden=" + std::to_string(mo.hidden) + " blocks=" +
            std::to_string(mo.blocks) + " heads=" + std::to_string(mo.heads) + " loss=" + o.loss +
-           " batch/rank=" + std::to_string(o.loader.batch_size) + " steps/epoch=" +
+           " batch/rank=" + std::to_string(o.loader.batch_size) +
+           (o.loader.windows ? " examples=windows of max_len" : " examples=one per user") + " steps/epoch=" +
            std::to_string(loader.steps_per_epoch()));
   log.line("[setup] model selection: valid " + o.select_metric + " under \"" + o.select_protocol.describe() + "\"");
 

@@ -177,6 +177,33 @@ TEST_F(Cli, ResumeContinuesTheRoutingCentroidsExactly) {
   EXPECT_EQ(centroids, 2) << "each block's centroids must be checkpointed";
 }
 
+// --train_windows: more examples per epoch than users, resumed exactly, and a checkpoint
+// resumed with the other setting is refused by name (its cursor indexes other examples).
+TEST_F(Cli, TrainWindowsResumeExactlyAndMustMatch) {
+  const std::string a = dir("windows-a"), b = dir("windows-b");
+  const std::string common = "train --data " + data() + " " + kTrainSmall +
+                             "--epochs 5 --final_test=false --max_len 6 --train_windows ";
+  ASSERT_NO_FATAL_FAILURE(train_whole_and_resumed(common, a, b, 5, 12));
+  auto pa = params_of(newest_checkpoint(a)), pb = params_of(newest_checkpoint(b));
+  ASSERT_FALSE(pa.empty());
+  for (auto& [n, t] : pa) EXPECT_TRUE(torch::equal(t, pb.at(n))) << n << " differs after resume";
+  auto steps_per_epoch = [](const std::string& out) {
+    const auto p = out.find("steps/epoch=");
+    return p == std::string::npos ? -1 : std::stoi(out.substr(p + 12));
+  };
+  auto w = run_seqrec("train --data " + data() + " " + kTrainSmall + "--max_len 6 --train_windows --max_steps 1 "
+                      "--final_test=false --out " + dir("windows-c"), 300);
+  auto n = run_seqrec("train --data " + data() + " " + kTrainSmall + "--max_len 6 --max_steps 1 "
+                      "--final_test=false --out " + dir("windows-d"), 300);
+  ASSERT_EQ(w.code, 0) << w.output;
+  EXPECT_TRUE(contains(w.output, "examples=windows of max_len")) << w.output;
+  EXPECT_GT(steps_per_epoch(w.output), steps_per_epoch(n.output)) << w.output << n.output;
+  auto r = run_seqrec("train --data " + data() + " " + kTrainSmall + "--epochs 5 --final_test=false --max_len 6 "
+                      "--max_steps 14 --resume auto --out " + b, 300);
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(contains(r.output, "without --train_windows") || contains(r.output, "with --train_windows")) << r.output;
+}
+
 TEST_F(Cli, LengthGroupsChangeTheWorkNotTheResult) {
   // Dropout off and Adam eps 1 (updates smooth in the gradient): slicing a batch by length
   // only reorders fp32 sums, ~1e-7 relative; a dropped or mis-aligned row would move

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -129,6 +130,88 @@ TEST(TrainLoader, SameExamplesAndNegativesAtAnyWorldSize) {
         }
         EXPECT_EQ(got, want) << "world " << world << " epoch " << epoch << " step " << step;
       }
+  }
+}
+
+std::vector<int64_t> window_counts(const UserSequences& s, const LoaderOptions& o) {
+  std::vector<int64_t> out;
+  for (int64_t u = s.user_begin; u < s.user_end; ++u) out.push_back(examples_of(s.length(u), o));
+  return out;
+}
+
+// All of a batch's rows as (user, input, pos, neg), sorted: a user may fill several rows.
+std::vector<std::vector<int64_t>> sorted_rows(const TrainBatch& b) {
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t r = 0; r < b.users.size(0); ++r) {
+    std::vector<int64_t> v{b.users[r].item<int64_t>()};
+    for (auto* t : {&b.input, &b.pos, &b.neg})
+      for (int64_t j = 0; j < t->size(1); ++j) v.push_back((*t)[r][j].item<int64_t>());
+    out.push_back(v);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(TrainLoader, WindowsTrainEveryTransitionOncePerEpoch) {
+  const int64_t U = 23, N = 40;
+  auto seqs = make_users(0, U, N);
+  auto o = opts(5);
+  o.windows = true;
+  EXPECT_THROW(TrainLoader(seqs, make_meta(U, N), o, 0, 1), std::invalid_argument) << "counts are required";
+  const auto counts = window_counts(seqs, o);
+  TrainLoader loader(seqs, make_meta(U, N), o, 0, 1, counts);
+  // Users 0..22 have u + 1 items: train_length u - 1 (u >= 2), transitions u - 2, windows of 6.
+  int64_t examples = 0;
+  for (int64_t u = 0; u < U; ++u) {
+    const int64_t transitions = std::max<int64_t>(0, train_length(u + 1) - 1);
+    EXPECT_EQ(counts[u], std::max<int64_t>(1, (transitions + 5) / 6)) << "user " << u;
+    examples += counts[u];
+  }
+  EXPECT_EQ(loader.steps_per_epoch(), (examples + 4) / 5);
+  std::map<int64_t, std::multiset<std::pair<int64_t, int64_t>>> trained;  // user -> (input, target)
+  for (int64_t step = 0; step < loader.steps_per_epoch(); ++step) {
+    auto b = loader.next();
+    for (int64_t r = 0; r < b.users.size(0); ++r)
+      for (int64_t j = 0; j < 6; ++j)
+        if (b.pos[r][j].item<int64_t>() != 0)
+          trained[b.users[r].item<int64_t>()].insert({b.input[r][j].item<int64_t>(), b.pos[r][j].item<int64_t>()});
+  }
+  EXPECT_EQ(loader.cursor().epoch, 1);
+  for (int64_t u = 0; u < U; ++u) {
+    const int32_t* s = seqs.items_of(u);
+    std::multiset<std::pair<int64_t, int64_t>> want;
+    for (int64_t t = 0; t + 1 < train_length(seqs.length(u)); ++t) want.insert({s[t], s[t + 1]});
+    EXPECT_EQ(trained[u], want) << "user " << u << ": every training transition exactly once";
+  }
+  // Without windows only the most recent 6 transitions of each user are trained on.
+  TrainLoader recent(seqs, make_meta(U, N), opts(5), 0, 1);
+  EXPECT_EQ(recent.steps_per_epoch(), 5);
+}
+
+TEST(TrainLoader, WindowsGiveTheSameExamplesAtAnyWorldSize) {
+  const int64_t U = 23, N = 40;
+  auto o = opts(6);
+  o.windows = true;
+  auto all = make_users(0, U, N);
+  const auto counts = window_counts(all, o);
+  TrainLoader one(all, make_meta(U, N), o, 0, 1, counts);
+  for (int world : {2, 3}) {
+    auto ro = o;
+    ro.batch_size = 6 / world;
+    std::vector<UserSequences> parts;
+    for (int r = 0; r < world; ++r) parts.push_back(make_users(U * r / world, U * (r + 1) / world, N));
+    std::vector<std::unique_ptr<TrainLoader>> loaders;
+    for (int r = 0; r < world; ++r)
+      loaders.push_back(std::make_unique<TrainLoader>(parts[r], make_meta(U, N), ro, r, world, counts));
+    for (int64_t step = 0; step < one.steps_per_epoch(); ++step) {
+      std::vector<std::vector<int64_t>> got;
+      for (auto& l : loaders) {
+        auto part = sorted_rows(l->build({1, step}));
+        got.insert(got.end(), part.begin(), part.end());
+      }
+      std::sort(got.begin(), got.end());
+      EXPECT_EQ(got, sorted_rows(one.build({1, step}))) << "world " << world << " step " << step;
+    }
   }
 }
 
