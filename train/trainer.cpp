@@ -18,6 +18,7 @@
 #include "dist/data_parallel.h"
 #include "io/dataset.h"
 #include "io/log.h"
+#include "ops/softmax_loss/softmax_loss.h"
 #include "train/checkpoint.h"
 
 namespace seqrec::train {
@@ -118,10 +119,8 @@ at::Tensor rows_loss_sum(models::SequenceModel& model, const at::Tensor& table, 
     // -log sigmoid(x) = softplus(-x); -log(1 - sigmoid(x)) = softplus(x)
     return torch::softplus(-pos_logit).sum() + torch::softplus(neg_logit).sum();
   }
-  auto logits = torch::matmul(hp, table.t());  // [T, N+1]; column 0 is padding
-  logits.select(1, 0).fill_(-std::numeric_limits<float>::infinity());
-  return torch::nn::functional::cross_entropy(
-      logits, pos.index({mask}), torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+  // Softmax over every item, a chunk of rows at a time (the padding item is never a class).
+  return ops::softmax_loss_sum(hp, table, pos.index({mask}));
 }
 
 // The batch's loss, computed in up to `groups` slices of rows sorted by length, each slice

@@ -1,0 +1,80 @@
+#include "ops/softmax_loss/softmax_loss.h"
+
+#include <torch/torch.h>
+
+#include <limits>
+
+namespace seqrec::ops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Logits of rows [r0, r0 + n) with the padding column at -inf.
+at::Tensor chunk_logits(const at::Tensor& hidden, const at::Tensor& table, int64_t r0, int64_t n) {
+  auto logits = hidden.narrow(0, r0, n).mm(table.t());
+  logits.select(1, 0).fill_(-std::numeric_limits<double>::infinity());
+  return logits;
+}
+
+struct ChunkedSoftmaxLoss : public torch::autograd::Function<ChunkedSoftmaxLoss> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& table,
+                            const at::Tensor& targets, int64_t chunk) {
+    const int64_t T = hidden.size(0);
+    auto lse = torch::empty({T}, hidden.options());
+    auto total = torch::zeros({}, hidden.options().dtype(at::kDouble));
+    for (int64_t r0 = 0; r0 < T; r0 += chunk) {
+      const int64_t n = std::min(chunk, T - r0);
+      auto logits = chunk_logits(hidden, table, r0, n);
+      auto l = torch::logsumexp(logits, 1);
+      lse.narrow(0, r0, n).copy_(l);
+      total += (l - logits.gather(1, targets.narrow(0, r0, n).unsqueeze(1)).squeeze(1)).sum().to(at::kDouble);
+    }
+    ctx->save_for_backward({hidden, table, targets, lse});
+    ctx->saved_data["chunk"] = chunk;
+    return total.to(hidden.scalar_type());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto &hidden = saved[0], &table = saved[1], &targets = saved[2], &lse = saved[3];
+    const int64_t chunk = ctx->saved_data["chunk"].toInt(), T = hidden.size(0);
+    auto g = grads[0];  // scalar
+    auto grad_hidden = torch::empty_like(hidden);
+    auto grad_table = torch::zeros_like(table);
+    for (int64_t r0 = 0; r0 < T; r0 += chunk) {
+      const int64_t n = std::min(chunk, T - r0);
+      // d/dlogits = softmax - onehot(target), times the incoming gradient.
+      auto p = (chunk_logits(hidden, table, r0, n) - lse.narrow(0, r0, n).unsqueeze(1)).exp_();
+      p.scatter_add_(1, targets.narrow(0, r0, n).unsqueeze(1), -torch::ones({n, 1}, p.options()));
+      p.mul_(g);
+      grad_hidden.narrow(0, r0, n).copy_(p.mm(table));
+      grad_table.addmm_(p.t(), hidden.narrow(0, r0, n));
+    }
+    return {grad_hidden, grad_table, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor softmax_loss_sum(const at::Tensor& hidden, const at::Tensor& table, const at::Tensor& targets,
+                            int64_t chunk_rows) {
+  TORCH_CHECK(hidden.dim() == 2 && at::isFloatingType(hidden.scalar_type()), "hidden must be float [T, D]; got ",
+              hidden.sizes(), " ", hidden.scalar_type());
+  TORCH_CHECK(table.dim() == 2 && table.size(1) == hidden.size(1) && table.size(0) >= 2 &&
+                  table.scalar_type() == hidden.scalar_type(),
+              "table must be [N + 1, D] with D = ", hidden.size(1), ", N >= 1, of the hidden states' dtype ",
+              hidden.scalar_type(), "; got ", table.sizes(), " ", table.scalar_type());
+  TORCH_CHECK(targets.dim() == 1 && targets.size(0) == hidden.size(0) && targets.scalar_type() == at::kLong,
+              "targets must be int64 [T] with T = ", hidden.size(0), "; got ", targets.sizes(), " ",
+              targets.scalar_type());
+  TORCH_CHECK(chunk_rows > 0, "chunk_rows must be > 0, got ", chunk_rows);
+  if (targets.numel() > 0) {
+    const int64_t lo = targets.min().item<int64_t>(), hi = targets.max().item<int64_t>();
+    TORCH_CHECK(lo >= 1 && hi < table.size(0), "targets out of range [1, ", table.size(0) - 1, "]: min ", lo,
+                ", max ", hi);
+  }
+  return ChunkedSoftmaxLoss::apply(hidden, table, targets, chunk_rows);
+}
+
+}  // namespace seqrec::ops
