@@ -205,16 +205,15 @@ class LisaCoderImpl : public InputCoderImpl {
       auto idx = codes.index;  // [N, C]
       std::vector<int64_t> used;
       for (int64_t b = 0; b < q->books(); ++b) used.push_back(std::get<0>(at::_unique(idx.select(1, b))).numel());
-      // One int64 key per item from its C indices (C·log2(W) bits may exceed 64: then a hash).
-      auto key = torch::zeros({N}, torch::kLong);
-      for (int64_t b = 0; b < q->books(); ++b) key = key * 1000003 + idx.select(1, b);
-      auto [uniq, inverse, counts] = at::_unique2(key, /*sorted=*/false, /*return_inverse=*/false, true);
+      // Distinct rows of the [N, C] code matrix, with their multiplicities.
+      auto [uniq, inverse, counts] = at::unique_dim(idx, 0, /*sorted=*/true, /*return_inverse=*/false,
+                                                    /*return_counts=*/true);
       (void)inverse;
       const double err = ((scaled - codes.recon).norm() / scaled.norm().clamp_min(1e-12)).item<double>();
       line << (q == sequence_.get() ? "sequence codebooks" : "; target codebooks") << " (" << q->books() << " x "
            << q->words() << "): codewords used per codebook";
       for (size_t b = 0; b < used.size(); ++b) line << (b ? "," : " ") << used[b];
-      line << "; distinct item codes " << uniq.numel() << "/" << N << " (largest group "
+      line << "; distinct item codes " << uniq.size(0) << "/" << N << " (largest group "
            << counts.max().item<int64_t>() << "); reconstruction error " << err;
     }
     return line.str();
