@@ -123,6 +123,7 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
     sums["MRR@" + std::to_string(k)] = 0;
   }
   sums["MRR"] = 0;
+  sums["tied"] = 0;  // every key exists on every rank: the packed all-reduce below has one size
 
   at::Tensor table = model.item_embeddings();
   // Cloze-trained models read the history followed by a [mask] slot whose output scores the
