@@ -14,6 +14,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <sys/resource.h>
+
 #include "dist/comm.h"
 #include "dist/data_parallel.h"
 #include "io/dataset.h"
@@ -628,7 +630,15 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   summary.best_valid = p.best_value;
   summary.seconds_per_epoch =
       p.step > 0 ? p.train_seconds / (static_cast<double>(p.step) / steps_per_epoch) : 0.0;
-  log.line("[done] steps=" + std::to_string(p.step) + " train time/epoch=" + fmt(summary.seconds_per_epoch, 2) + " s");
+  // Peak resident memory of this process (this sitting only: a resumed run starts afresh),
+  // the largest over the ranks.
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  auto peak = torch::tensor({static_cast<double>(usage.ru_maxrss) / 1024.0}, torch::kFloat64);  // KiB -> MiB
+  if (world > 1) comm.all_reduce(peak, dist::ReduceOp::kMax);
+  summary.peak_rss_mib = peak.item<double>();
+  log.line("[done] steps=" + std::to_string(p.step) + " train time/epoch=" + fmt(summary.seconds_per_epoch, 2) +
+           " s peak RSS/rank=" + fmt(summary.peak_rss_mib, 0) + " MiB");
 
   // 6. The test split, once, with the model selected on validation.
   const bool finished = !summary.stopped_by_signal && !(o.max_steps > 0 && p.step >= o.max_steps &&

@@ -56,6 +56,7 @@ struct TrainSummary {
   double best_valid = 0;
   bool stopped_by_signal = false;
   double seconds_per_epoch = 0;
+  double peak_rss_mib = 0;  // peak resident memory of this sitting, the largest over the ranks
 };
 
 // Collective over comm. Throws std::runtime_error / std::invalid_argument with a message

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <sstream>
 
 #include <signal.h>
@@ -70,6 +71,11 @@ TEST_F(Cli, TrainsEvaluatesAndReportsProtocols) {
   EXPECT_TRUE(contains(r.output, "tie=pessimistic"));
   EXPECT_TRUE(contains(r.output, "1 target + 100 uniform negatives not in the user's sequence"));
   EXPECT_TRUE(contains(r.output, "full ranking over all items"));
+  // The closing line reports the process's peak resident memory (a LibTorch process holds
+  // tens of MiB before it reads any data).
+  std::smatch peak;
+  ASSERT_TRUE(std::regex_search(r.output, peak, std::regex("peak RSS/rank=([0-9]+) MiB"))) << r.output;
+  EXPECT_GT(std::stol(peak[1]), 20);
   auto lines = read_lines(run + "/metrics.jsonl");
   // 3 validations x (sampled + full) + 1 test x (sampled + full)
   ASSERT_EQ(lines.size(), 8u);
