@@ -60,8 +60,9 @@ class QuantizerImpl : public torch::nn::Module {
   int64_t books() const { return books_; }
   int64_t words() const { return words_; }
 
-  // e [N, D]; real [N] bool marks rows that count for the EMA statistics.
-  Codes encode(const at::Tensor& e, const at::Tensor& real, bool collect) {
+  // e [N, D]; count [N] float: how many real (non-padding) slots each row stands for in the
+  // EMA statistics (rows are usually the distinct items of a batch).
+  Codes encode(const at::Tensor& e, const at::Tensor& count, bool collect) {
     auto r = e;
     std::vector<at::Tensor> weights, index;
     at::Tensor recon = torch::zeros_like(e);
@@ -81,7 +82,7 @@ class QuantizerImpl : public torch::nn::Module {
       }
       if (collect && ema_ && is_training()) {
         torch::NoGradGuard no_grad;
-        auto h = hard * real.unsqueeze(1).to(hard.scalar_type());
+        auto h = hard * count.unsqueeze(1).to(hard.scalar_type());
         pending_count_[b] += h.sum(0);
         pending_sum_[b] += torch::matmul(h.t(), r.detach());
       }
@@ -147,30 +148,44 @@ class LisaCoderImpl : public InputCoderImpl {
     if (target_) target_->initialise(gen);
   }
 
+  // Every slot holding an item has the same scaled embedding and therefore the same codes, so
+  // each distinct item of the batch is quantized once and its codes gathered into its slots
+  // (ML-1M at L = 300: ~3,000 distinct items among ~38,000 slots, and the B residual bilinear
+  // searches were most of a LISA-Base step). The result and the gradients are those of
+  // quantizing every slot: the gather's backward sums the slots' gradients into the item's row,
+  // as the embedding's backward would have; EMA statistics count each item once per real slot.
   at::Tensor encode_input(const at::Tensor& scaled, const at::Tensor& ids, AttentionContext& ctx) override {
     const int64_t B = ids.size(0), L = ids.size(1), D = scaled.size(2);
     auto flat = scaled.reshape({B * L, D});
-    auto real = ids.ne(0).reshape(-1);
-    auto codes = sequence_->encode(flat, real, /*collect=*/true);
+    auto id = ids.reshape(-1);
+    auto [distinct, inverse, slots] = at::_unique2(id, /*sorted=*/true, /*return_inverse=*/true,
+                                                   /*return_counts=*/true);
+    const int64_t U = distinct.size(0);
+    // One slot of each distinct item (any of its slots holds the same row).
+    auto first = torch::zeros({U}, id.options()).index_put_({inverse}, torch::arange(B * L, id.options()));
+    auto rows = flat.index_select(0, first);
+    auto count = slots.to(flat.scalar_type()).masked_fill(distinct.eq(0), 0.0);  // padding counts for nothing
+    auto codes = sequence_->encode(rows, count, /*collect=*/true);
     // Mini's target codebooks see the batch's items too, for their EMA statistics.
     if (target_ && is_training() && o_.codebook_update == "ema") {
       torch::NoGradGuard no_grad;
-      target_->encode(flat.detach(), real, /*collect=*/true);
+      target_->encode(rows.detach(), count, /*collect=*/true);
     }
-    ctx.code_weights = codes.weights.reshape({B, L, sequence_->books(), sequence_->words()});
-    ctx.code_index = codes.index.reshape({B, L, sequence_->books()});
+    ctx.code_weights =
+        codes.weights.index_select(0, inverse).reshape({B, L, sequence_->books(), sequence_->words()});
+    ctx.code_index = codes.index.index_select(0, inverse).reshape({B, L, sequence_->books()});
     if (o_.lisa_commitment > 0 && is_training()) {
-      auto diff = (flat - codes.recon.detach()).pow(2).sum(-1) * real.to(flat.scalar_type());
+      auto diff = (rows - codes.recon.detach()).pow(2).sum(-1) * count;
       auto term = diff.sum() * o_.lisa_commitment;
       aux_ = aux_.defined() ? aux_ + term : term;
     }
-    return codes.recon.reshape({B, L, D});
+    return codes.recon.index_select(0, inverse).reshape({B, L, D});
   }
 
   at::Tensor targets(const at::Tensor& table) override {
     auto scaled = table * std::sqrt(static_cast<double>(o_.hidden));
     if (o_.lisa_variant == "soft") return scaled;
-    auto none = torch::zeros({table.size(0)}, table.options().dtype(at::kBool));
+    auto none = torch::zeros({table.size(0)}, table.options());
     return (target_ ? target_ : sequence_)->encode(scaled, none, /*collect=*/false).recon;
   }
 
@@ -178,7 +193,7 @@ class LisaCoderImpl : public InputCoderImpl {
   bool supports_online() const override { return true; }
   at::Tensor online_step(const at::Tensor& scaled, at::Tensor& state, AttentionContext& ctx) override {
     const int64_t D = scaled.size(2), C = sequence_->books(), W = sequence_->words();
-    auto codes = sequence_->encode(scaled.reshape({1, D}), torch::ones({1}, torch::kBool), /*collect=*/false);
+    auto codes = sequence_->encode(scaled.reshape({1, D}), torch::ones({1}, scaled.options()), /*collect=*/false);
     auto w = codes.weights.reshape({C, W});
     state = state.defined() ? state * std::exp(-o_.lisa_decay) + w : w.clone();
     // Long-unseen codewords decay into fp32 denormals (below ~1e-38 after ~900 steps at
@@ -196,7 +211,7 @@ class LisaCoderImpl : public InputCoderImpl {
   std::string describe_state(const at::Tensor& item_table) override {
     auto scaled = item_table.narrow(0, 1, item_table.size(0) - 1) * std::sqrt(static_cast<double>(o_.hidden));
     const int64_t N = scaled.size(0);
-    auto none = torch::zeros({N}, torch::kBool);
+    auto none = torch::zeros({N}, scaled.options());
     std::ostringstream line;
     line << std::fixed << std::setprecision(3);
     for (auto* q : {sequence_.get(), target_.get()}) {
