@@ -102,6 +102,49 @@ TEST(Lisa, EmaStatisticsAreAdditiveAcrossBatchSplits) {
   }
 }
 
+// Items are quantized once per batch and their codes gathered into every slot holding them:
+// a batch's training-mode outputs and parameter gradients must equal those of its rows run
+// one at a time (rows share items here), and the EMA counts must count each real slot once
+// per codebook and padding not at all.
+TEST(Lisa, RowsSharingItemsAreEncodedAsIfAlone) {
+  for (std::string variant : {"base", "soft", "mini"}) {
+    auto o = lisa(variant);
+    o.target_codebooks = 2;
+    o.target_codewords = 5;
+    auto m = make_model(o);
+    m->set_training(true);
+    auto x = batch(6, 16, 2);
+    auto grads = [&](const at::Tensor& rows) {
+      for (auto& [n, p] : m->named_parameters()) p.mutable_grad() = at::Tensor();
+      auto h = m->encode(rows);
+      (h * h.detach().sin()).sum().backward();
+      std::vector<at::Tensor> g;
+      for (auto& [n, p] : m->named_parameters()) g.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+      return std::make_pair(h.detach(), g);
+    };
+    auto [whole, g_whole] = grads(x);
+    std::vector<at::Tensor> g_sum;
+    for (int64_t r = 0; r < x.size(0); ++r) {
+      auto [one, g_one] = grads(x.narrow(0, r, 1));
+      EXPECT_TRUE(torch::allclose(one[0], whole[r], 1e-5, 1e-6)) << variant << " row " << r;
+      if (g_sum.empty()) g_sum = g_one;
+      else for (size_t i = 0; i < g_one.size(); ++i) g_sum[i] += g_one[i];
+    }
+    auto names = m->named_parameters();
+    for (size_t i = 0; i < g_sum.size(); ++i)
+      EXPECT_TRUE(torch::allclose(g_sum[i], g_whole[i], 1e-4, 1e-6)) << variant << " " << names[i].first;
+  }
+  auto o = lisa("base");
+  o.codebook_update = "ema";
+  auto m = make_model(o);
+  m->set_training(true);
+  auto x = batch(6, 16, 2);
+  m->encode(x);
+  const double real_slots = static_cast<double>(x.ne(0).sum().item<int64_t>());
+  auto counts = m->pending_statistics().at(0);  // [codebooks, codewords]
+  EXPECT_DOUBLE_EQ(counts.sum().item<double>(), real_slots * o.codebooks);
+}
+
 TEST(Lisa, EmaUpdateMovesCodebooksTowardsAssignedResiduals) {
   auto o = lisa("base");
   o.codebook_update = "ema";
