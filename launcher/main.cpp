@@ -2,7 +2,6 @@
 // into the libraries' option structs; libraries never read a flag.
 #include <dlfcn.h>
 #include <gflags/gflags.h>
-#include <malloc.h>
 #include <unistd.h>
 #include <torch/torch.h>
 
@@ -20,6 +19,7 @@
 #include <vector>
 
 #include "dist/comm.h"
+#include "launcher/allocator.h"
 #include "io/dataset.h"
 #include "io/log.h"
 #include "io/prepare.h"
@@ -211,6 +211,7 @@ int cmd_train(dist::Comm& comm) {
   train::TrainOptions o;
   o.data = FLAGS_data;
   o.out = FLAGS_out;
+  o.allocator = allocator_description();
   o.model = model_options_from_flags();
   o.loader.max_len = FLAGS_max_len;
   o.loader.windows = FLAGS_train_windows;
@@ -337,10 +338,7 @@ int main(int argc, char** argv) {
     }
   }
   if (restart) execv("/proc/self/exe", argv);  // on failure, carry on with the defaults
-  // Keep large freed blocks in the heap instead of returning them to the OS and faulting
-  // them back every step (machine-facts.md: 5.5x on large elementwise loops).
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  configure_allocator();
 
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
       std::string(argv[1]) == "help") {

@@ -461,6 +461,7 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   log.line("[setup] dataset=" + meta.name + " users=" + std::to_string(meta.num_users) +
            " items=" + std::to_string(meta.num_items) + " events=" + std::to_string(meta.num_events) +
            " ranks=" + std::to_string(world) + " threads/rank=" + std::to_string(at::get_num_threads()));
+  if (!o.allocator.empty()) log.line("[setup] allocator: " + o.allocator);
   log.line(std::string("[setup] split: ") + io::kSplitRule);
   log.line("[setup] model=" + mo.model + " params=" + std::to_string(num_params) + " max_len=" +
            std::to_string(mo.max_len) + " hidden=" + std::to_string(mo.hidden) + " blocks=" +

@@ -22,6 +22,7 @@ struct TrainOptions {
   std::string out;                  // run directory
   models::ModelOptions model;       // num_items is filled from the dataset
   io::LoaderOptions loader;
+  std::string allocator;            // which heap allocator serves the process, for the [setup] log
   std::string loss = "bce";         // bce (1 negative per position) | ce (softmax over all items)
   double mask_prob = 0.2;           // cloze objective: probability that a training item is masked
   AdamOptions adam;
