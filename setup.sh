@@ -13,7 +13,7 @@ JOBS=${JOBS:-2}
 
 packages=(cmake ninja-build g++ ccache libtorch-dev libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
           libgflags-dev libgoogle-glog-dev libgtest-dev zlib1g-dev liblzma-dev xz-utils
-          libopenblas0-pthread libjemalloc-dev)
+          libopenblas0-pthread)
 
 install_packages() {
   [ "${SEQREC_NO_INSTALL:-0}" = 1 ] && return 0

@@ -12,6 +12,9 @@
 DEFINE_int32(threads, 0, "intra-op threads per rank; 0 = cores / ranks on this node");
 DEFINE_string(comm, "auto", "communication backend: auto (MPI under mpirun/srun), local, mpi");
 DEFINE_uint64(seed, 42, "random seed (shuffling, negatives, initialisation, dropout, evaluation negatives)");
+DEFINE_string(host_allocator, "caching",
+              "host tensors of 256 KiB and more: caching (seqrec's allocator: reuses freed blocks, memory "
+              "flat over long runs) | system (glibc malloc, as LibTorch by default)");
 DEFINE_bool(progress, true, "print progress (rows/s, ETA) on stderr");
 // prepare
 DEFINE_string(format, "", "input format: sasrec | ml-1m | ml-25m | ml-20m | taobao | generic");
@@ -126,7 +129,7 @@ DEFINE_string(split, "test", "eval: valid | test");
 namespace seqrec {
 namespace {
 
-const std::vector<std::string> kCommon = {"threads", "flagfile"};
+const std::vector<std::string> kCommon = {"threads", "host_allocator", "flagfile"};
 const std::vector<std::string> kEvalFlags = {"eval_protocol", "eval_negatives", "eval_sampler",
                                              "exclude_history", "eval_batch", "seed"};
 
@@ -189,6 +192,7 @@ void print_usage(const std::string& cmd) {
   std::printf("usage: seqrec %s [flags]\n  %s\n\nflags:\n", cmd.c_str(), sc.summary.c_str());
   std::vector<std::string> names = sc.flags;
   names.push_back("threads");
+  names.push_back("host_allocator");
   for (auto& n : names) {
     gflags::CommandLineFlagInfo info;
     if (!gflags::GetCommandLineFlagInfo(n.c_str(), &info)) continue;

@@ -63,6 +63,7 @@ DECLARE_int64(max_steps);
 DECLARE_bool(final_test);
 DECLARE_double(log_every);
 DECLARE_int32(prefetch);
+DECLARE_string(host_allocator);
 DECLARE_int64(length_groups);
 DECLARE_string(checkpoint);
 DECLARE_string(split);

@@ -338,7 +338,6 @@ int main(int argc, char** argv) {
     }
   }
   if (restart) execv("/proc/self/exe", argv);  // on failure, carry on with the defaults
-  configure_allocator();
 
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
       std::string(argv[1]) == "help") {
@@ -368,6 +367,11 @@ int main(int argc, char** argv) {
 
   try {
     check_flags_apply(cmd);
+    try {
+      configure_allocator(FLAGS_host_allocator);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
     if (cmd != "info") require(positional.empty(), "unexpected argument '" + (positional.empty() ? "" : positional[0]) + "'");
     set_threads();
     if (cmd == "prepare") return cmd_prepare();

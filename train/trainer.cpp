@@ -22,6 +22,7 @@
 #include "io/log.h"
 #include "ops/softmax_loss/softmax_loss.h"
 #include "train/checkpoint.h"
+#include "train/host_allocator.h"
 
 namespace seqrec::train {
 namespace fs = std::filesystem;
@@ -640,6 +641,13 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   summary.peak_rss_mib = peak.item<double>();
   log.line("[done] steps=" + std::to_string(p.step) + " train time/epoch=" + fmt(summary.seconds_per_epoch, 2) +
            " s peak RSS/rank=" + fmt(summary.peak_rss_mib, 0) + " MiB");
+  if (host_allocator_installed()) {  // this rank's; in-use and cached blocks are part of the RSS above
+    const auto h = host_allocator_stats();
+    const auto mib = [](int64_t b) { return fmt(static_cast<double>(b) / (1 << 20), 0); };
+    log.line("[done] host allocator: peak in use " + mib(h.peak_in_use_bytes) + " MiB, cached " +
+             mib(h.cached_bytes) + " MiB, " + std::to_string(h.maps) + " maps, " + std::to_string(h.unmaps) +
+             " unmaps, " + std::to_string(h.reuses) + " reuses");
+  }
 
   // 6. The test split, once, with the model selected on validation.
   const bool finished = !summary.stopped_by_signal && !(o.max_steps > 0 && p.step >= o.max_steps &&

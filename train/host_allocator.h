@@ -1,0 +1,39 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace seqrec::train {
+
+// A caching allocator for large host (CPU) tensors, installed as LibTorch's CPU allocator.
+//
+// Why: training frees and reallocates tensors of changing sizes every step (a mixture of
+// experts' per-expert batches, length-trimmed slices). Served by glibc's heap (which keeps them
+// to avoid page faults: machine-facts.md, 5.5x on elementwise loops), those blocks fragment the
+// heap without bound: FLASH4Rec's resident memory grew ~16-20 MB per step, 7 GB after ~490
+// steps, while the live tensors never exceeded ~0.8 GB. Returning them to the OS instead keeps
+// memory flat but doubles the step time (every step faults its working set back in).
+//
+// What: blocks of at least `min_bytes` are their own anonymous mappings (never inside the
+// malloc heap), rounded up to one of 8 sizes per power of two; a freed block is kept for the
+// next request of its size or up to 1/4 smaller, so a steady training loop stops mapping and
+// faulting after its first steps. Mapped-but-free memory never exceeds the peak of the bytes
+// in use: beyond that a freed block is unmapped. Smaller requests go to c10's own allocator.
+struct HostAllocatorStats {
+  int64_t in_use_bytes = 0;      // blocks held by tensors now
+  int64_t cached_bytes = 0;      // free blocks kept mapped for reuse
+  int64_t peak_in_use_bytes = 0;
+  int64_t maps = 0;              // mmap calls so far
+  int64_t unmaps = 0;
+  int64_t reuses = 0;            // requests served from the cache
+};
+
+// Installs the allocator for the device type CPU (idempotent). Tensors allocated before keep
+// their own deleters, so they stay valid.
+void install_host_allocator(size_t min_bytes = size_t{1} << 18);
+bool host_allocator_installed();
+HostAllocatorStats host_allocator_stats();
+// Unmaps every cached free block (blocks in use are untouched).
+void release_cached_host_blocks();
+
+}  // namespace seqrec::train
