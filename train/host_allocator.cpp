@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -30,29 +31,43 @@ class HostCache {
 
   size_t min_bytes() const { return min_bytes_; }
 
+  void set_idle_seconds(double s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    idle_ = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+  }
+
   void* take(size_t n) {
     const size_t size = block_size(n);
     std::lock_guard<std::mutex> lock(mutex_);
+    const auto now = Clock::now();
+    age_out_locked(now);
     void* p = nullptr;
     size_t got = size;
-    // Smallest free block that fits, unless it is more than a quarter larger than needed.
+    // The smallest free block that fits, unless it is more than twice the size needed.
     auto it = free_.lower_bound(size);
-    if (it != free_.end() && it->first <= size + size / 4) {
+    if (it != free_.end() && it->first <= 2 * size) {
+      it = std::prev(free_.upper_bound(it->first));  // of that size, the one freed last: still in cache
       got = it->first;
-      p = it->second;
+      p = it->second.p;
+      by_age_.erase(it->second.freed);
       free_.erase(it);
       stats_.cached_bytes -= static_cast<int64_t>(got);
       ++stats_.reuses;
     } else {
+      // Mapped memory (in use + cached) stays within twice the peak in use: the free blocks
+      // freed longest ago make room first.
+      const int64_t in_use_after = stats_.in_use_bytes + static_cast<int64_t>(size);
+      const int64_t cap = 2 * std::max(stats_.peak_in_use_bytes, in_use_after);
+      while (!by_age_.empty() && in_use_after + stats_.cached_bytes > cap) unmap_oldest_locked();
       p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (p == MAP_FAILED && !free_.empty()) {  // give the cache back and try once more
-        release_locked();
+        while (!by_age_.empty()) unmap_oldest_locked();
         p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       }
       TORCH_CHECK(p != MAP_FAILED, "host allocator: out of memory mapping ", size, " bytes for a tensor of ", n,
                   " bytes (", stats_.in_use_bytes, " bytes in use): ", std::strerror(errno));
 #ifdef MADV_HUGEPAGE
-      if (size >= (size_t{2} << 20)) madvise(p, size, MADV_HUGEPAGE);  // fewer, cheaper first-touch faults
+      if (size >= (size_t{2} << 20)) madvise(p, size, MADV_HUGEPAGE);  // fewer first-touch faults
 #endif
       ++stats_.maps;
     }
@@ -70,19 +85,18 @@ class HostCache {
     const size_t size = it->second;
     sizes_.erase(it);
     stats_.in_use_bytes -= static_cast<int64_t>(size);
-    if (stats_.cached_bytes + static_cast<int64_t>(size) > stats_.peak_in_use_bytes) {
-      munmap(p, size);
-      ++stats_.unmaps;
-      return true;
-    }
-    free_.emplace(size, p);
+    const auto now = Clock::now();
+    const uint64_t tick = ++clock_;
+    auto f = free_.emplace(size, Free{p, tick});
+    by_age_.emplace(tick, Aged{f, now});
     stats_.cached_bytes += static_cast<int64_t>(size);
+    age_out_locked(now);
     return true;
   }
 
   void release() {
     std::lock_guard<std::mutex> lock(mutex_);
-    release_locked();
+    while (!by_age_.empty()) unmap_oldest_locked();
   }
 
   HostAllocatorStats stats() {
@@ -90,20 +104,46 @@ class HostCache {
     return stats_;
   }
 
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.peak_in_use_bytes = stats_.in_use_bytes;
+  }
+
  private:
-  void release_locked() {
-    for (auto& [size, p] : free_) {
-      munmap(p, size);
-      ++stats_.unmaps;
-    }
-    free_.clear();
-    stats_.cached_bytes = 0;
+  using Clock = std::chrono::steady_clock;
+  struct Free {
+    void* p;
+    uint64_t freed;  // key in by_age_
+  };
+  using FreeMap = std::multimap<size_t, Free>;
+  struct Aged {
+    FreeMap::iterator block;
+    Clock::time_point when;
+  };
+
+  void unmap_oldest_locked() {
+    auto oldest = by_age_.begin();
+    const auto block = oldest->second.block;
+    munmap(block->second.p, block->first);
+    stats_.cached_bytes -= static_cast<int64_t>(block->first);
+    ++stats_.unmaps;
+    free_.erase(block);
+    by_age_.erase(oldest);
+  }
+
+  // Free blocks nobody asked for in idle_ go back to the OS (a phase such as evaluation that
+  // used other sizes has ended).
+  void age_out_locked(Clock::time_point now) {
+    while (!by_age_.empty() && now - by_age_.begin()->second.when > idle_) unmap_oldest_locked();
   }
 
   const size_t min_bytes_;
   std::mutex mutex_;
-  std::multimap<size_t, void*> free_;
-  std::unordered_map<void*, size_t> sizes_;
+  FreeMap free_;                       // free blocks by size
+  std::map<uint64_t, Aged> by_age_;    // the same blocks, least recently freed first
+  std::unordered_map<void*, size_t> sizes_;  // blocks in use
+  uint64_t clock_ = 0;
+  Clock::duration idle_ = std::chrono::seconds(30);
   HostAllocatorStats stats_;
 };
 
@@ -153,6 +193,14 @@ HostAllocatorStats host_allocator_stats() { return g_cache ? g_cache->stats() : 
 
 void release_cached_host_blocks() {
   if (g_cache) g_cache->release();
+}
+
+void reset_host_allocator_peak() {
+  if (g_cache) g_cache->reset_peak();
+}
+
+void set_host_allocator_idle_release(double seconds) {
+  if (g_cache) g_cache->set_idle_seconds(seconds);
 }
 
 }  // namespace seqrec::train

@@ -16,9 +16,11 @@ namespace seqrec::train {
 //
 // What: blocks of at least `min_bytes` are their own anonymous mappings (never inside the
 // malloc heap), rounded up to one of 8 sizes per power of two; a freed block is kept for the
-// next request of its size or up to 1/4 smaller, so a steady training loop stops mapping and
-// faulting after its first steps. Mapped-but-free memory never exceeds the peak of the bytes
-// in use: beyond that a freed block is unmapped. Smaller requests go to c10's own allocator.
+// next request that fits it (the smallest such block, at most twice the size asked for), so a
+// steady training loop stops mapping and faulting after its first steps. Two bounds keep the
+// cache from growing: mapped memory (in use + free) stays within twice the peak in use, the
+// blocks freed longest ago unmapped first to make room; and a free block nobody asked for in
+// the idle-release time (30 s) is unmapped. Smaller requests go to c10's own allocator.
 struct HostAllocatorStats {
   int64_t in_use_bytes = 0;      // blocks held by tensors now
   int64_t cached_bytes = 0;      // free blocks kept mapped for reuse
@@ -35,5 +37,9 @@ bool host_allocator_installed();
 HostAllocatorStats host_allocator_stats();
 // Unmaps every cached free block (blocks in use are untouched).
 void release_cached_host_blocks();
+// Sets the peak to the bytes in use now; the bound on mapped memory follows the new peak.
+void reset_host_allocator_peak();
+// How long a free block may stay unused before it is unmapped (default 30 s).
+void set_host_allocator_idle_release(double seconds);
 
 }  // namespace seqrec::train
