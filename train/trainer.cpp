@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "dist/comm.h"
 #include "dist/data_parallel.h"
@@ -31,6 +32,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// This process's resident memory now, in MiB (0 where /proc is missing): printed with progress
+// so that a run whose memory grows shows it long before the OOM killer does.
+double resident_mib() {
+  std::ifstream statm("/proc/self/statm");
+  long pages = 0, resident = 0;
+  if (!(statm >> pages >> resident)) return 0.0;
+  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1 << 20);
+}
 
 std::string format_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
@@ -611,7 +621,11 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
     // 5. Progress line.
     if (print_now) {
       auto acc = torch::tensor({loss_acc, targets_acc, users_acc}, torch::kFloat64);
-      if (world > 1) comm.all_reduce(acc);
+      auto rss = torch::tensor({resident_mib()}, torch::kFloat64);
+      if (world > 1) {
+        comm.all_reduce(acc);
+        comm.all_reduce(rss, dist::ReduceOp::kMax);
+      }
       const double dt = seconds_since(interval_start);
       const io::Cursor n = loader.cursor();
       const double done = static_cast<double>(n.epoch * steps_per_epoch + n.step);
@@ -620,7 +634,8 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
       log.line("[train] epoch " + std::to_string(n.epoch + (n.step > 0 ? 1 : 0)) + "/" + std::to_string(o.epochs) +
                " step " + std::to_string(p.step) + " loss " + fmt(acc[0].item<double>() / std::max(1.0, acc[1].item<double>())) +
                " lr " + fmt(lr_at(o, p.step), 6) + " seq/s " + fmt(acc[2].item<double>() / dt, 0) +
-               " ETA(epochs) " + format_duration(per_step * (total - done)));
+               " ETA(epochs) " + format_duration(per_step * (total - done)) + " RSS/rank " +
+               fmt(rss.item<double>(), 0) + " MiB");
       loss_acc = targets_acc = users_acc = 0;
       interval_start = Clock::now();
     }
