@@ -2,7 +2,7 @@
 // bench/attention_scaling.sh (one process per point, so each peak is the op's own).
 //   attention_bench --op OP --len L [--tokens 16384] [--dim 64] [--heads 1] [--interests 20]
 //                   [--codebooks 8] [--codewords 16] [--iters 3]
-// OP: softmax | linrec | lightsans | lisa | routing | gated:softmax | gated:cosine | model:<name>
+// OP: softmax | linrec | lightsans | lisa | lisa:reference | routing | gated:softmax | gated:cosine | model:<name>
 // (model:flash4rec:cosine for FLASH4Rec's linear form). routing is the causal routing op at the
 // paper's optimum (K = W = S = round(sqrt(L)) centroids, window, chunk) with its local heads'
 // window 2S; gated:* is FLASH4Rec's attention (one head, s = e = dim). model:<name> times a whole
@@ -39,7 +39,7 @@ double status_mb(const char* key) {
 }
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|lightsans|lisa|routing|"
+  std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|lightsans|lisa|lisa:reference|routing|"
                "gated:softmax|gated:cosine|model:<name>[:cosine] --len L "
                "[--tokens N] [--dim D] [--heads H] [--interests K] [--codebooks C] [--codewords W] [--iters I]\n",
                why.c_str());
@@ -97,14 +97,13 @@ int main(int argc, char** argv) {
       return seqrec::ops::causal_interest_attention(q, k, v, torch::matmul(k, tk), torch::matmul(v, tv), pad, 0.0,
                                                     true);
     };
-  } else if (op == "lisa") {
+  } else if (op == "lisa" || op == "lisa:reference") {
     auto logits = leaf(torch::randn({B, len, codebooks, codewords}));
     auto index = torch::randint(codewords, {B, len, codebooks}, torch::kLong);
     auto table = leaf(torch::randn({codebooks, codewords, codewords}));
     auto values = leaf(torch::randn({codebooks, codewords, dim}));
-    run = [=] {
-      return seqrec::ops::lisa_attention(torch::softmax(logits, -1), index, pad, table, values, std::exp(-0.1));
-    };
+    const auto fn = op == "lisa" ? &seqrec::ops::lisa_attention : &seqrec::ops::lisa_attention_reference;
+    run = [=] { return fn(torch::softmax(logits, -1), index, pad, table, values, std::exp(-0.1)); };
   } else if (op == "routing") {
     // One routing head and one local head, as configs/ml-1m/routing.flags pairs them.
     const int64_t K = std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(len))));

@@ -5,9 +5,12 @@
 // weighted by how often (with decay) they occurred in its prefix. Cost O(L·C·W·D) time and
 // O(L·C·W) memory per sequence, never O(L²).
 //
-// The ATen reference runs on any device and differentiates through autograd (w.r.t. weights,
-// table and values); a fused CUDA kernel (scan, normalisation and the value product in one
-// pass) will sit behind these same signatures.
+// lisa_attention is what the models call. On the CPU (float, double) it runs the fused kernel of
+// lisa_attention_fused.cpp: scan, normalisation and attention weights in one pass per
+// (sequence, codebook) with a hand-written backward, keeping one [B, L, C, W] tensor instead of
+// about ten. Elsewhere it runs lisa_attention_reference, the ATen composition that works on any
+// device and differentiates through autograd; a fused CUDA kernel will sit behind the same
+// signature. Both differentiate w.r.t. weights, table and values (first order only).
 #include <ATen/core/Tensor.h>
 
 namespace seqrec::ops {
@@ -34,6 +37,16 @@ namespace seqrec::ops {
 at::Tensor lisa_attention(const at::Tensor& weights, const at::Tensor& query_index,
                           const at::Tensor& key_padding, const at::Tensor& table, const at::Tensor& values,
                           double decay);
+
+// The ATen reference of the same definition (any device; equal to lisa_attention to rounding).
+at::Tensor lisa_attention_reference(const at::Tensor& weights, const at::Tensor& query_index,
+                                    const at::Tensor& key_padding, const at::Tensor& table,
+                                    const at::Tensor& values, double decay);
+
+// The argument checks both run (throws c10::Error naming the argument).
+void check_lisa_attention_args(const at::Tensor& weights, const at::Tensor& query_index,
+                               const at::Tensor& key_padding, const at::Tensor& table, const at::Tensor& values,
+                               double decay);
 
 // The decayed inclusive prefix scan alone along dim 1: weights [B, L, ...] -> F of the same
 // shape (see above). Stable for any L (no decay^-j factors), exact in structure for decay = 1.

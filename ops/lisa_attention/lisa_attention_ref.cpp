@@ -71,9 +71,9 @@ at::Tensor decayed_prefix_sum(const at::Tensor& weights, double decay) {
   return scan(weights.reshape({B, L, N}), decay).reshape(weights.sizes());
 }
 
-at::Tensor lisa_attention(const at::Tensor& weights, const at::Tensor& query_index,
-                          const at::Tensor& key_padding, const at::Tensor& table, const at::Tensor& values,
-                          double decay) {
+void check_lisa_attention_args(const at::Tensor& weights, const at::Tensor& query_index,
+                               const at::Tensor& key_padding, const at::Tensor& table, const at::Tensor& values,
+                               double decay) {
   check_decay(decay);
   TORCH_CHECK(weights.dim() == 4 && at::isFloatingType(weights.scalar_type()),
               "weights must be float [B, L, C, W]; got ", weights.sizes(), " ", weights.scalar_type());
@@ -95,11 +95,18 @@ at::Tensor lisa_attention(const at::Tensor& weights, const at::Tensor& query_ind
                   values.scalar_type() == weights.scalar_type(),
               "values must be [C, W, D] with C = ", C, ", W = ", W, " of the weights' dtype ",
               weights.scalar_type(), "; got ", values.sizes(), " ", values.scalar_type());
-  const int64_t D = values.size(2);
   if (query_index.numel() > 0) {
     const int64_t lo = query_index.min().item<int64_t>(), hi = query_index.max().item<int64_t>();
     TORCH_CHECK(lo >= 0 && hi < W, "query_index out of range [0, W = ", W, "): min ", lo, ", max ", hi);
   }
+}
+
+at::Tensor lisa_attention_reference(const at::Tensor& weights, const at::Tensor& query_index,
+                                    const at::Tensor& key_padding, const at::Tensor& table, const at::Tensor& values,
+                                    double decay) {
+  check_lisa_attention_args(weights, query_index, key_padding, table, values, decay);
+  const int64_t B = weights.size(0), L = weights.size(1), C = weights.size(2), W = weights.size(3),
+                D = values.size(2);
   if (B == 0 || L == 0) return torch::zeros({B, L, D}, values.options());
 
   auto pad = key_padding.view({B, L, 1, 1});

@@ -49,8 +49,14 @@ Inputs make_inputs(int64_t B, int64_t L, int64_t C, int64_t W, int64_t D, const 
   return in;
 }
 
-at::Tensor run(const Inputs& in, double decay) {
-  return lisa_attention(in.weights, in.index, in.pad, in.table, in.values, decay);
+using LisaFn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                              const at::Tensor&, double);
+// The two paths: what the models call (the fused CPU kernel here) and the ATen reference.
+const std::vector<std::pair<const char*, LisaFn>> kPaths = {{"fused", &lisa_attention},
+                                                            {"reference", &seqrec::ops::lisa_attention_reference}};
+
+at::Tensor run(const Inputs& in, double decay, LisaFn fn = &lisa_attention) {
+  return fn(in.weights, in.index, in.pad, in.table, in.values, decay);
 }
 
 // F[b, i, n] = sum_{j <= i} decay^(i-j) x[b, j, n], in double, by the definition.
@@ -141,11 +147,13 @@ TEST(LisaAttention, MatchesLoopReference) {
                              {3, 67, 1, 5, 5, {67, 40, 0}, true},  {2, 130, 3, 5, 7, {130, 1}, true},
                              {2, 64, 2, 1, 3, {64, 17}, true},      {2, 65, 3, 4, 9, {65, 30}, false},
                              {1, 7, 1, 1, 1, {0}, true}};
+  for (const auto& [path, fn] : kPaths)
   for (const auto& c : cases)
     for (double decay : {1.0, kDecay})
       for (bool onehot : {false, true}) {
+        SCOPED_TRACE(path);
         auto in = make_inputs(c.B, c.L, c.C, c.W, c.D, padding(c.lengths, c.L, c.left), onehot);
-        auto got = run(in, decay);
+        auto got = run(in, decay, fn);
         ASSERT_EQ(got.sizes(), (std::vector<int64_t>{c.B, c.L, c.D}));
         ASSERT_TRUE(torch::isfinite(got).all().item<bool>());
         auto want = naive(in, decay);
@@ -156,8 +164,8 @@ TEST(LisaAttention, MatchesLoopReference) {
         // The same op in double isolates the algorithm from fp32 rounding.
         Inputs ind = in;
         for (auto* t : {&ind.weights, &ind.table, &ind.values}) *t = t->to(torch::kFloat64);
-        EXPECT_TRUE(torch::allclose(run(ind, decay), want, 1e-11, 1e-12))
-            << "double, L=" << c.L << " max err " << max_err(run(ind, decay), want);
+        EXPECT_TRUE(torch::allclose(run(ind, decay, fn), want, 1e-11, 1e-12))
+            << "double, L=" << c.L << " max err " << max_err(run(ind, decay, fn), want);
       }
 }
 
@@ -231,13 +239,15 @@ TEST(LisaAttention, GradientsMatchDifferentiableReference) {
   torch::manual_seed(16);
   const int64_t B = 3, L = 70, C = 3, W = 4, D = 5;
   auto pad = padding({70, 20, 0}, L);
+  for (const auto& [path, fn] : kPaths)
   for (double decay : {1.0, kDecay})
     for (bool onehot : {false, true}) {
+      SCOPED_TRACE(path);
       auto in = make_inputs(B, L, C, W, D, pad, onehot, torch::kFloat64);
       auto g = torch::randn({B, L, D}, torch::kFloat64);
       auto w = in.weights.clone().requires_grad_(), t = in.table.clone().requires_grad_(),
            v = in.values.clone().requires_grad_();
-      auto got = torch::autograd::grad({(lisa_attention(w, in.index, pad, t, v, decay) * g).sum()}, {w, t, v});
+      auto got = torch::autograd::grad({(fn(w, in.index, pad, t, v, decay) * g).sum()}, {w, t, v});
       auto want = torch::autograd::grad({(naive_autograd(w, in.index, pad, t, v, decay) * g).sum()}, {w, t, v});
       const char* names[] = {"weights", "table", "values"};
       for (int k = 0; k < 3; ++k) {
@@ -318,6 +328,81 @@ TEST(LisaAttention, BadInputIsNamed) {
   expect_error(call(in.weights, in.index, in.pad, in.table, torch::randn({C, W - 1, D}), 1.0), "values");
   expect_error(call(in.weights, in.index, in.pad, in.table, in.values.to(torch::kFloat64), 1.0), "values");
   expect_error(call(in.weights.select(3, 0), in.index, in.pad, in.table, in.values, 1.0), "weights");
+}
+
+// The fused CPU kernel against the ATen reference in fp32 at a model-like shape (several
+// (sequence, codebook) tasks per thread, W wider than a vector register, both paddings, both
+// decays, soft and one-hot rows): outputs and all three gradients.
+TEST(LisaAttention, FusedMatchesReferenceInFloat) {
+  torch::manual_seed(19);
+  const int64_t B = 6, L = 97, C = 4, W = 37, D = 11;
+  for (bool left : {true, false})
+    for (double decay : {1.0, kDecay})
+      for (bool onehot : {false, true}) {
+        auto pad = padding({97, 60, 1, 0, 33, 96}, L, left);
+        auto in = make_inputs(B, L, C, W, D, pad, onehot);
+        auto g = torch::randn({B, L, D});
+        std::vector<at::Tensor> outs, grads[2];
+        for (int k = 0; k < 2; ++k) {
+          auto w = in.weights.clone().requires_grad_(), t = in.table.clone().requires_grad_(),
+               v = in.values.clone().requires_grad_();
+          auto out = kPaths[k].second(w, in.index, pad, t, v, decay);
+          outs.push_back(out.detach());
+          grads[k] = torch::autograd::grad({(out * g).sum()}, {w, t, v});
+        }
+        const std::string where = std::string("left=") + (left ? "1" : "0") + " decay=" + std::to_string(decay) +
+                                  " onehot=" + (onehot ? "1" : "0");
+        EXPECT_TRUE(torch::allclose(outs[0], outs[1], 1e-5, 1e-6)) << where << " max err " << max_err(outs[0], outs[1]);
+        const char* names[] = {"weights", "table", "values"};
+        for (int k = 0; k < 3; ++k) {
+          ASSERT_TRUE(torch::isfinite(grads[0][k]).all().item<bool>()) << names[k] << " " << where;
+          const double scale = grads[1][k].abs().max().item<double>();
+          EXPECT_LE(max_err(grads[0][k], grads[1][k]), 1e-5 * std::max(1.0, scale))
+              << names[k] << " " << where << " max err " << max_err(grads[0][k], grads[1][k]) << " of " << scale;
+        }
+      }
+}
+
+// Codewords whose logits and decayed counts disagree by 80 nats: the one-log shift bound leaves
+// the normaliser near fp32's smallest normal number, where the other codeword's term is off by
+// e^7 (exp's clamp), so the kernel must fall back to the exact shift.
+TEST(LisaAttention, FusedHandlesLogitsAndCountsFarApart) {
+  const int64_t L = 801, W = 2, D = 3;
+  Inputs in;
+  in.index = torch::zeros({1, L, 1}, torch::kLong);
+  in.index[0][L - 1][0] = 1;
+  in.weights = torch::one_hot(in.index, W).to(torch::kFloat32);  // codeword 0 at 0..L-2, 1 at L-1
+  in.weights.narrow(1, 1, L - 2).zero_();                          // codeword 0 once, at slot 0
+  in.pad = torch::zeros({1, L}, torch::kBool);
+  in.table = torch::zeros({1, W, W});
+  in.table[0][1][0] = 200.0;  // slot L-1 asks with codeword 1: T = [200, 0]
+  in.values = torch::randn({1, W, D});
+  const double decay = std::exp(-0.1);  // codeword 0's count is e^-80 by slot L-1
+  auto got = run(in, decay);
+  auto want = naive(in, decay);
+  ASSERT_TRUE(torch::isfinite(got).all().item<bool>());
+  EXPECT_TRUE(torch::allclose(got.to(torch::kFloat64), want, 1e-4, 1e-5)) << max_err(got, want);
+  auto w = in.weights.clone().requires_grad_(), t = in.table.clone().requires_grad_();
+  auto out = lisa_attention(w, in.index, in.pad, t, in.values, decay);
+  (out * torch::randn_like(out)).sum().backward();
+  EXPECT_TRUE(torch::isfinite(w.grad()).all().item<bool>());
+  EXPECT_TRUE(torch::isfinite(t.grad()).all().item<bool>());
+}
+
+// The models reach the fused kernel on the CPU (its autograd node), and the reference elsewhere
+// by the same call; equal results at any thread count.
+TEST(LisaAttention, CpuCallsRunTheFusedKernel) {
+  torch::manual_seed(20);
+  auto in = make_inputs(3, 20, 2, 8, 4, padding({20, 5, 0}, 20), false);
+  auto w = in.weights.clone().requires_grad_();
+  auto out = lisa_attention(w, in.index, in.pad, in.table, in.values, kDecay);
+  ASSERT_TRUE(out.grad_fn());
+  EXPECT_NE(out.grad_fn()->name().find("LisaAttentionFused"), std::string::npos) << out.grad_fn()->name();
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  auto one = run(in, kDecay);
+  at::set_num_threads(threads);
+  EXPECT_TRUE(torch::equal(one, out.detach()));
 }
 
 }  // namespace
