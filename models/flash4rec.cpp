@@ -78,8 +78,9 @@ class UserVectorImpl : public UserEncoderImpl {
 
 class GatedAttentionUnitImpl : public AttentionModuleImpl {
  public:
-  explicit GatedAttentionUnitImpl(const ModelOptions& o)
-      : e_(expanded(o)), s_(qk_width(o)), user_gate_(o.flash_user != "none"), dropout_(o.dropout) {
+  GatedAttentionUnitImpl(const ModelOptions& o, int64_t length_groups)
+      : e_(expanded(o)), s_(qk_width(o)), user_gate_(o.flash_user != "none"), dropout_(o.dropout),
+        length_groups_(length_groups) {
     options_.form = ops::parse_gated_attention_form(o.flash_attention);
     options_.topk = o.topk_dropout_k;
     options_.topk_dropout = o.topk_dropout;
@@ -113,7 +114,7 @@ class GatedAttentionUnitImpl : public AttentionModuleImpl {
     auto o = options_;
     o.causal = ctx.causal;
     o.training = is_training();
-    auto av = ops::gated_attention(q, k, v.unsqueeze(1), ctx.key_padding, o).squeeze(1);  // [B, L, e]
+    auto av = ops::gated_attention_by_length(q, k, v.unsqueeze(1), ctx.key_padding, o, length_groups_).squeeze(1);  // [B, L, e]
     return ops::dropout(out_(u * av), dropout_, is_training());
   }
 
@@ -121,6 +122,7 @@ class GatedAttentionUnitImpl : public AttentionModuleImpl {
   int64_t e_, s_;
   bool user_gate_;
   double dropout_;
+  int64_t length_groups_;
   ops::GatedAttentionOptions options_;
   torch::nn::Linear zv_{nullptr}, gate_{nullptr}, out_{nullptr};
   at::Tensor gamma_, beta_;
@@ -192,7 +194,9 @@ std::unique_ptr<SequenceModel> make_flash4rec(const ModelOptions& o, const Model
   if (o.flash_unit == "mhsa") {
     spec.attention = [o](int64_t) { return make_softmax_attention(o); };
   } else {
-    spec.attention = [o](int64_t) { return std::make_shared<GatedAttentionUnitImpl>(o); };
+    spec.attention = [o, runtime](int64_t) {
+      return std::make_shared<GatedAttentionUnitImpl>(o, runtime.attention_length_groups);
+    };
     if (o.flash_user != "none") spec.user_encoder = std::make_shared<UserVectorImpl>(o);
   }
   if (o.moe_experts > 0)

@@ -80,6 +80,11 @@ struct ModelOptions {
 struct ModelRuntime {
   dist::Comm* world = nullptr;         // the data-parallel world
   dist::Comm* expert_group = nullptr;  // this rank's expert-parallel group
+  // FLASH4Rec's gated attention runs the rows of a batch in this many length-sorted groups, each
+  // trimmed to its longest row (the trainer's --length_groups, for models it cannot slice
+  // itself: a mixture of experts needs the whole batch in one forward). Not part of the model:
+  // real slots get the same outputs at any value (Top-K dropout's random bits aside).
+  int64_t attention_length_groups = 1;
 };
 
 // The routing sizes with the automatic (0) values resolved.

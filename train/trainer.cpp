@@ -361,6 +361,9 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
     throw std::invalid_argument("--moe_experts " + std::to_string(mo.moe_experts) +
                                 " is not divisible by --expert_parallel " + std::to_string(P));
   models::ModelRuntime runtime;
+  // The loss slices batches by length for every model but a mixture of experts, which runs
+  // whole; its attention slices them instead.
+  if (moe) runtime.attention_length_groups = o.length_groups;
   if (moe && world > 1) {
     runtime.world = &comm;
     layout.lockstep = true;

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <tuple>
+#include <vector>
 
 namespace seqrec::ops {
 namespace {
@@ -157,6 +159,45 @@ at::Tensor gated_attention(const at::Tensor& q, const at::Tensor& k, const at::T
     return cosine_linear(q, k, v, key_padding, options.causal);
   auto weights = gated_attention_weights(q, k, key_padding, options);
   return torch::matmul(weights, v).masked_fill(key_padding.view({B, 1, L, 1}), 0.0);
+}
+
+at::Tensor gated_attention_by_length(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& key_padding, const GatedAttentionOptions& o,
+                                     int64_t groups) {
+  check_qk(q, k, key_padding, o);
+  TORCH_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(2) == q.size(2), "v must be [B, H, L, e] like q ",
+              q.sizes(), "; got ", v.sizes());
+  const int64_t B = q.size(0), L = q.size(2);
+  if (groups <= 1 || B <= 1 || L == 0) return gated_attention(q, k, v, key_padding, o);
+  auto lengths = key_padding.logical_not().sum(1);  // [B]
+  // Left padding: each row's real slots are its last `length` ones.
+  auto slot = torch::arange(L, lengths.options()).unsqueeze(0);
+  if (!key_padding.eq(slot < (L - lengths).unsqueeze(1)).all().item<bool>())
+    return gated_attention(q, k, v, key_padding, o);
+  auto order = std::get<1>(at::sort(lengths, /*stable=*/true, /*dim=*/0, /*descending=*/true));
+  // The slice bounds are read on the host (one small copy when the batch lives on a GPU).
+  auto lengths_host = lengths.cpu(), order_host = order.cpu();
+  const auto* len = lengths_host.data_ptr<int64_t>();
+  const auto* ord = order_host.data_ptr<int64_t>();
+  if (len[ord[0]] == L && len[ord[B - 1]] == L) return gated_attention(q, k, v, key_padding, o);
+  const int64_t per = (B + groups - 1) / groups;
+  std::vector<at::Tensor> parts;
+  for (int64_t begin = 0; begin < B; begin += per) {
+    const int64_t n = std::min(per, B - begin), width = len[ord[begin]];
+    auto rows = order.narrow(0, begin, n);
+    if (width == 0) {  // the rest are all padding: outputs 0
+      parts.push_back(torch::zeros({B - begin, v.size(1), L, v.size(3)}, v.options()));
+      break;
+    }
+    auto cols = [&](const at::Tensor& t) { return t.index_select(0, rows).narrow(2, L - width, width); };
+    auto pad = key_padding.index_select(0, rows).narrow(1, L - width, width);
+    auto out = gated_attention(cols(q), cols(k), cols(v), pad, o);
+    parts.push_back(width == L ? out : torch::constant_pad_nd(out, {0, 0, L - width, 0}));
+  }
+  // Rows back in batch order.
+  auto inverse = torch::empty_like(order);
+  inverse.index_put_({order}, torch::arange(B, order.options()));
+  return torch::cat(parts, 0).index_select(0, inverse);
 }
 
 }  // namespace seqrec::ops

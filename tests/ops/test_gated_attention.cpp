@@ -489,4 +489,43 @@ TEST(GatedAttention, BadArgumentsAreNamed) {
   EXPECT_THROW(seqrec::ops::parse_gated_attention_form("relu2"), std::invalid_argument);
 }
 
+// The length-grouped call equals the whole-batch call on left-padded rows (every form, causal and
+// bidirectional, groups that split ties, an all-padding row, groups > rows), outputs and the
+// gradients of q, k and v; right-padded rows run whole (still equal); under active Top-K dropout
+// it stays finite and zero at padded slots.
+TEST(GatedAttention, LengthGroupsGiveTheWholeBatchResult) {
+  torch::manual_seed(41);
+  const int64_t B = 7, H = 2, L = 23, S = 5, E = 6;
+  const std::vector<int64_t> lengths = {23, 4, 17, 0, 17, 1, 9};
+  for (bool left : {true, false})
+    for (auto form : kForms)
+      for (bool causal : {true, false})
+        for (int64_t groups : {2, 3, 8}) {
+          auto pad = padding_mask(lengths, L, left);
+          auto q0 = torch::randn({B, H, L, S}, kF64), k0 = torch::randn({B, H, L, S}, kF64),
+               v0 = torch::randn({B, H, L, E}, kF64), g = torch::randn({B, H, L, E}, kF64);
+          std::vector<at::Tensor> out, grads[2];
+          for (int path = 0; path < 2; ++path) {
+            auto q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(), v = v0.clone().requires_grad_();
+            auto o = path == 0 ? gated_attention(q, k, v, pad, options(form, causal))
+                               : seqrec::ops::gated_attention_by_length(q, k, v, pad, options(form, causal), groups);
+            out.push_back(o.detach());
+            grads[path] = torch::autograd::grad({(o * g).sum()}, {q, k, v});
+          }
+          const std::string at = describe(form, causal) + " left=" + std::to_string(left) +
+                                  " groups=" + std::to_string(groups);
+          EXPECT_TRUE(torch::allclose(out[1], out[0], 1e-12, 1e-12)) << at << " max err " << max_err(out[1], out[0]);
+          for (int i = 0; i < 3; ++i)
+            EXPECT_TRUE(torch::allclose(grads[1][i], grads[0][i], 1e-11, 1e-12))
+                << at << " grad " << i << " max err " << max_err(grads[1][i], grads[0][i]);
+        }
+  auto pad = padding_mask(lengths, L, true);
+  auto q = torch::randn({B, 1, L, S}), k = torch::randn({B, 1, L, S}), v = torch::randn({B, 1, L, E});
+  auto o = seqrec::ops::gated_attention_by_length(q, k, v, pad, options(GatedAttentionForm::kSoftmax, true, 3, 0.5, true), 3);
+  EXPECT_TRUE(torch::isfinite(o).all().item<bool>());
+  EXPECT_EQ(o.masked_select(pad.view({B, 1, L, 1}).expand_as(o)).abs().max().item<double>(), 0.0);
+  expect_error([&] { seqrec::ops::gated_attention_by_length(q, k, v, pad.narrow(1, 0, L - 1), options(GatedAttentionForm::kSoftmax, true), 2); },
+               "key_padding");
+}
+
 }  // namespace
