@@ -121,7 +121,7 @@ DEFINE_int64(replica_check_every, 100,
 DEFINE_int64(max_steps, 0, "stop after this many optimizer steps; 0 = no limit");
 DEFINE_bool(final_test, true, "evaluate the validation-selected model on the test split at the end");
 DEFINE_double(log_every, 10, "seconds between progress lines");
-DEFINE_int64(length_groups, 8, "run each batch as this many length-sorted slices, each trimmed to its longest row (same result, less padding work)");
+DEFINE_int64(length_groups, 8, "run each batch as this many length-sorted slices, each trimmed to its longest row (same result, less padding work; with --moe_experts the batch runs whole and only the gated attention unit slices it)");
 DEFINE_int32(prefetch, 4, "batches prepared ahead by the loader thread; 0 = synchronous");
 DEFINE_string(checkpoint, "", "eval/info: a checkpoint directory, a run's best/ or checkpoints/ directory");
 DEFINE_string(split, "test", "eval: valid | test");

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -325,11 +326,64 @@ std::string resolve_checkpoint(const std::string& path, dist::Comm& comm) {
   return *latest;
 }
 
+// Fault injection for the tests of the replica checks: SEQREC_FAULT_DIVERGE=RANK:STEP[:NAME]
+// makes rank RANK add 1e-3 to the first element of parameter or buffer NAME (default: the
+// first parameter) right after update STEP, as a rank-local bug or a flipped bit would.
+// Unset in normal use; a malformed value is an error rather than silently nothing.
+struct DivergeFault {
+  int rank = -1;
+  int64_t step = -1;
+  std::string name;
+};
+
+DivergeFault diverge_fault_from_env() {
+  DivergeFault f;
+  const char* env = std::getenv("SEQREC_FAULT_DIVERGE");
+  if (!env || !*env) return f;
+  const std::string v = env;
+  const auto bad = [&v] {
+    return std::invalid_argument("SEQREC_FAULT_DIVERGE='" + v + "': expected RANK:STEP[:NAME], e.g. 1:4 or 1:4:item_emb.weight");
+  };
+  const auto c1 = v.find(':');
+  if (c1 == std::string::npos) throw bad();
+  const auto c2 = v.find(':', c1 + 1);
+  try {
+    size_t used = 0;
+    f.rank = std::stoi(v.substr(0, c1), &used);
+    if (used != c1) throw bad();
+    const std::string step = v.substr(c1 + 1, c2 == std::string::npos ? std::string::npos : c2 - c1 - 1);
+    f.step = std::stoll(step, &used);
+    if (used != step.size()) throw bad();
+  } catch (const std::logic_error&) {
+    throw bad();
+  }
+  if (f.rank < 0 || f.step < 1) throw bad();
+  if (c2 != std::string::npos) f.name = v.substr(c2 + 1);
+  return f;
+}
+
+// The tensor SEQREC_FAULT_DIVERGE names (checked at setup on every rank, so a wrong name fails
+// everywhere at once).
+at::Tensor fault_target(models::SequenceModel& model, const DivergeFault& f) {
+  auto params = model.named_parameters();
+  if (f.name.empty()) return params.front().second;
+  for (auto& named : {params, model.named_buffers()})
+    for (auto& [n, t] : named)
+      if (n == f.name) return t;
+  throw std::invalid_argument("SEQREC_FAULT_DIVERGE: the model has no parameter or buffer '" + f.name + "'");
+}
+
+void inject_divergence(models::SequenceModel& model, const DivergeFault& f) {
+  torch::NoGradGuard no_grad;
+  fault_target(model, f).view(-1)[0] += 1e-3;
+}
+
 }  // namespace
 
 TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   const int rank = comm.rank(), world = comm.size();
   dist::check_same_config(comm, o.config_text);
+  const DivergeFault fault = diverge_fault_from_env();
 
   if (rank == 0) {
     fs::create_directories(o.out);
@@ -484,6 +538,15 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
            (o.loader.windows ? " examples=windows of max_len" : " examples=one per user") + " steps/epoch=" +
            std::to_string(loader.steps_per_epoch()));
   log.line("[setup] model selection: valid " + o.select_metric + " under \"" + o.select_protocol.describe() + "\"");
+  if (fault.step > 0) {
+    if (fault.rank >= world)
+      throw std::invalid_argument("SEQREC_FAULT_DIVERGE: rank " + std::to_string(fault.rank) + " is not among the " +
+                                  std::to_string(world) + " rank(s)");
+    fault_target(*model, fault);
+    log.line("[fault] SEQREC_FAULT_DIVERGE: rank " + std::to_string(fault.rank) + " perturbs '" +
+             (fault.name.empty() ? model->named_parameters().front().first : fault.name) + "' after step " +
+             std::to_string(fault.step) + " (a test of the replica checks)");
+  }
 
   TrainSummary summary;
   int64_t last_saved_step = resume_from ? p.step : -1;
@@ -614,6 +677,7 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
       model->apply_statistics();
     }
     ++p.step;
+    if (fault.step == p.step && fault.rank == rank) inject_divergence(*model, fault);
     if (o.replica_check_every > 0 && p.step % o.replica_check_every == 0)
       check_replicas("at step " + std::to_string(p.step));
     p.train_seconds += seconds_since(t_step);

@@ -3,6 +3,7 @@
 // fail fast naming the rank, and a dead rank must not hang the job.
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <map>
@@ -227,6 +228,47 @@ TEST_F(CliMpi, RanksWithDifferentFlagsFailNamingTheRank) {
   EXPECT_NE(r.code, 124) << "hung";
   EXPECT_TRUE(contains(r.output, "rank 1")) << r.output;
   EXPECT_TRUE(contains(r.output, "lr=0.002")) << r.output;
+}
+
+// A rank whose state drifts from the others' (here injected: SEQREC_FAULT_DIVERGE makes one
+// rank nudge one tensor after one update) stops the job at the next replica check with the
+// tensor and the rank named, and never reaches a checkpoint: the one before stays complete.
+TEST_F(CliMpi, ADivergedRankStopsTheRunNamingTheTensor) {
+  // Routing's EMA sums (a buffer, not a parameter): the centroids derived from them diverge.
+  const std::string routing = dir("diverge-routing");
+  auto a = run_command("env SEQREC_FAULT_DIVERGE=1:4:block1.attn.ema_sum " + mpirun() + " -np 2 " + seqrec_bin() +
+                           train_args(data(), routing, 8) +
+                           " --model routing --routing_clusters 3 --routing_window 3 --max_steps 12 --replica_check_every 3",
+                       120);
+  EXPECT_NE(a.code, 0) << a.output;
+  EXPECT_NE(a.code, 124) << "hung:\n" << a.output;
+  EXPECT_TRUE(contains(a.output, "rank 1 perturbs 'block1.attn.ema_sum' after step 4")) << a.output;
+  EXPECT_TRUE(contains(a.output, "replica check at step 6: 'block1.attn.centroids' differs across ranks (rank(s) 1"))
+      << a.output;
+  EXPECT_TRUE(contains(a.output, "replicas have diverged")) << a.output;
+
+  // Periodic checks off: the check before each checkpoint still catches it, and the run's last
+  // checkpoint (step 4) is left whole, with nothing of step 6 written.
+  const std::string run = dir("diverge-ckpt");
+  auto b = run_command("env SEQREC_FAULT_DIVERGE=1:5 " + mpirun() + " -np 2 " + seqrec_bin() + train_args(data(), run, 8) +
+                           " --max_steps 12 --replica_check_every 0 --checkpoint_every 2",
+                       120);
+  EXPECT_NE(b.code, 0) << b.output;
+  EXPECT_NE(b.code, 124) << "hung:\n" << b.output;
+  EXPECT_TRUE(contains(b.output, "replica check before the checkpoint at step 6: 'item_emb.weight' differs")) << b.output;
+  std::vector<std::string> entries;
+  for (auto& e : fs::directory_iterator(run + "/checkpoints")) entries.push_back(e.path().filename().string());
+  std::sort(entries.begin(), entries.end());
+  ASSERT_FALSE(entries.empty());
+  EXPECT_EQ(entries.back(), "step-000000000004");
+  for (auto& e : entries) EXPECT_EQ(e.rfind("step-", 0), 0u) << "left behind: " << e;
+  auto r = run_seqrec("info --checkpoint " + run + "/checkpoints/step-000000000004", 60);
+  EXPECT_EQ(r.code, 0) << r.output;
+
+  // A malformed value is an error, not silently nothing.
+  auto c = run_command("env SEQREC_FAULT_DIVERGE=one:4 " + seqrec_bin() + train_args(data(), dir("diverge-bad"), 8), 60);
+  EXPECT_NE(c.code, 0);
+  EXPECT_TRUE(contains(c.output, "SEQREC_FAULT_DIVERGE='one:4': expected RANK:STEP[:NAME]")) << c.output;
 }
 
 TEST_F(CliMpi, ADeadRankEndsTheJob) {
