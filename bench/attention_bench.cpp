@@ -3,11 +3,15 @@
 //   attention_bench --op OP --len L [--tokens 16384] [--dim 64] [--heads 1] [--interests 20]
 //                   [--codebooks 8] [--codewords 16] [--iters 3]
 // OP: softmax | linrec | lightsans | lisa | lisa:reference | routing | gated:softmax | gated:cosine | model:<name>
+//     | loss:softmax | loss:softmax:recompute
 // (model:flash4rec:cosine for FLASH4Rec's linear form). routing is the causal routing op at the
 // paper's optimum (K = W = S = round(sqrt(L)) centroids, window, chunk) with its local heads'
 // window 2S; gated:* is FLASH4Rec's attention (one head, s = e = dim). model:<name> times a whole
 // model (2 blocks, ML-1M's 3,416 items, every slot real): encode, a softmax over the items at the
-// last slot, backward. Prints one JSON line: op, len, batch, ms (median fwd+bwd), peak_mb (resident high-water mark
+// last slot, backward. loss:softmax is the full-catalogue softmax loss (ops/softmax_loss) over
+// --tokens hidden states of --dim against --items items (default 3,416), keeping the forward's
+// probabilities when they fit its budget; loss:softmax:recompute always recomputes them
+// (--len is then only a required 1). Prints one JSON line: op, len, batch, ms (median fwd+bwd), peak_mb (resident high-water mark
 // above the inputs' baseline).
 #include <torch/torch.h>
 
@@ -27,6 +31,7 @@
 #include "ops/lisa_attention/lisa_attention.h"
 #include "ops/routing_attention/routing_attention.h"
 #include "ops/softmax_attention/softmax_attention.h"
+#include "ops/softmax_loss/softmax_loss.h"
 
 namespace {
 
@@ -40,8 +45,8 @@ double status_mb(const char* key) {
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|lightsans|lisa|lisa:reference|routing|"
-               "gated:softmax|gated:cosine|model:<name>[:cosine] --len L "
-               "[--tokens N] [--dim D] [--heads H] [--interests K] [--codebooks C] [--codewords W] [--iters I]\n",
+               "gated:softmax|gated:cosine|model:<name>[:cosine]|loss:softmax[:recompute] --len L "
+               "[--tokens N] [--dim D] [--items N] [--heads H] [--interests K] [--codebooks C] [--codewords W] [--iters I]\n",
                why.c_str());
   std::exit(2);
 }
@@ -50,7 +55,8 @@ double status_mb(const char* key) {
 
 int main(int argc, char** argv) {
   std::string op;
-  int64_t len = 0, tokens = 16384, dim = 64, heads = 1, interests = 20, codebooks = 8, codewords = 16, iters = 3;
+  int64_t len = 0, tokens = 16384, dim = 64, heads = 1, interests = 20, codebooks = 8, codewords = 16, iters = 3,
+          items = 3416;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (i + 1 >= argc) usage("missing value for " + a);
@@ -64,6 +70,7 @@ int main(int argc, char** argv) {
     else if (a == "--codebooks") codebooks = std::atoll(v.c_str());
     else if (a == "--codewords") codewords = std::atoll(v.c_str());
     else if (a == "--iters") iters = std::atoll(v.c_str());
+    else if (a == "--items") items = std::atoll(v.c_str());
     else usage("unknown flag " + a);
   }
   if (len <= 0 || tokens < len || dim % heads != 0) usage("need --len in [1, tokens] and heads dividing dim");
@@ -126,6 +133,12 @@ int main(int argc, char** argv) {
     go.causal = true;
     go.training = true;
     run = [=] { return seqrec::ops::gated_attention(q, k, v, pad, go); };
+  } else if (op == "loss:softmax" || op == "loss:softmax:recompute") {
+    auto hidden = leaf(torch::randn({tokens, dim}));
+    auto table = leaf(torch::randn({items + 1, dim}) * 0.1);
+    auto targets = torch::randint(1, items + 1, {tokens}, torch::kLong);
+    const int64_t keep_bytes = op == "loss:softmax" ? int64_t{256} << 20 : 0;
+    run = [=] { return seqrec::ops::softmax_loss_sum(hidden, table, targets, 2048, keep_bytes); };
   } else if (op.rfind("model:", 0) == 0) {
     seqrec::models::ModelOptions o;
     o.model = op.substr(6);

@@ -122,6 +122,10 @@ DEFINE_int64(max_steps, 0, "stop after this many optimizer steps; 0 = no limit")
 DEFINE_bool(final_test, true, "evaluate the validation-selected model on the test split at the end");
 DEFINE_double(log_every, 10, "seconds between progress lines");
 DEFINE_int64(length_groups, 8, "run each batch as this many length-sorted slices, each trimmed to its longest row (same result, less padding work; with --moe_experts the batch runs whole and only the gated attention unit slices it)");
+DEFINE_int64(softmax_keep_mib, 256,
+             "--loss ce: keep a batch's softmax probabilities from the forward for the backward when they fit in "
+             "this many MiB (one [targets x items] product fewer, about 5% off a FLASH4Rec step on ML-1M, for up "
+             "to that much more memory); 0 = always recompute them chunk by chunk");
 DEFINE_int32(prefetch, 4, "batches prepared ahead by the loader thread; 0 = synchronous");
 DEFINE_string(checkpoint, "", "eval/info: a checkpoint directory, a run's best/ or checkpoints/ directory");
 DEFINE_string(split, "test", "eval: valid | test");
@@ -161,7 +165,7 @@ const std::map<std::string, Subcommand>& subcommands() {
          "train_windows", "eval_every",
          "patience", "select_metric", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",
          "full_ranking", "eval_batch", "resume", "checkpoint_every", "keep_checkpoints", "expert_parallel", "replica_check_every", "max_steps",
-         "final_test", "log_every", "prefetch", "length_groups", "seed", "comm"})}},
+         "final_test", "log_every", "prefetch", "length_groups", "softmax_keep_mib", "seed", "comm"})}},
       {"eval",
        {"evaluate a checkpoint on the valid or test split",
         {"checkpoint", "data", "split", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",

@@ -65,6 +65,7 @@ DECLARE_double(log_every);
 DECLARE_int32(prefetch);
 DECLARE_string(host_allocator);
 DECLARE_int64(length_groups);
+DECLARE_int64(softmax_keep_mib);
 DECLARE_string(checkpoint);
 DECLARE_string(split);
 

@@ -227,6 +227,8 @@ int cmd_train(dist::Comm& comm) {
   o.clip_norm = FLAGS_clip_norm;
   require(FLAGS_length_groups >= 1, "--length_groups must be >= 1");
   o.length_groups = FLAGS_length_groups;
+  require(FLAGS_softmax_keep_mib >= 0, "--softmax_keep_mib must be >= 0");
+  o.softmax_keep_mib = FLAGS_softmax_keep_mib;
   o.warmup_steps = FLAGS_warmup_steps;
   o.epochs = FLAGS_epochs;
   o.eval_every = FLAGS_eval_every;

@@ -123,7 +123,7 @@ void seed_generator(uint64_t seed) {
 // target count).
 at::Tensor rows_loss_sum(models::SequenceModel& model, const at::Tensor& table, const at::Tensor& input,
                          const models::UserInput& users, const at::Tensor& pos, const at::Tensor& neg,
-                         const std::string& kind) {
+                         const std::string& kind, int64_t softmax_keep_bytes) {
   auto h = model.encode(input, users);  // [n, L, D]
   auto mask = pos.ne(0);
   auto hp = h.index({mask});     // [T, D]
@@ -134,19 +134,27 @@ at::Tensor rows_loss_sum(models::SequenceModel& model, const at::Tensor& table, 
     return torch::softplus(-pos_logit).sum() + torch::softplus(neg_logit).sum();
   }
   // Softmax over every item, a chunk of rows at a time (the padding item is never a class).
-  return ops::softmax_loss_sum(hp, table, pos.index({mask}));
+  return ops::softmax_loss_sum(hp, table, pos.index({mask}), 2048, softmax_keep_bytes);
 }
 
 // The batch's loss, computed in up to `groups` slices of rows sorted by length, each slice
 // only as wide as its longest row. Rows are independent and left-padded with positions
 // counted from the right, so dropping a slice's common padding changes nothing but the
-// work: on ML-1M at max_len 200 almost half of all slots are padding.
+// work: on ML-1M at max_len 200 almost half of all slots are padding. Under --loss ce the
+// softmax probabilities of all the batch's targets are kept for the backward only if together
+// they fit in softmax_keep_bytes (every slice's stay alive until the backward).
 at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b, const models::UserInput& users,
-                          const std::string& kind, int64_t groups, bool whole) {
+                          const std::string& kind, int64_t groups, bool whole, int64_t softmax_keep_bytes) {
+  const auto table = model.item_embeddings();
+  if (kind == "ce") {
+    const double bytes = static_cast<double>(b.pos.ne(0).sum().item<int64_t>()) *
+                         static_cast<double>(table.size(0)) * static_cast<double>(table.element_size());
+    if (bytes > static_cast<double>(softmax_keep_bytes)) softmax_keep_bytes = 0;
+  }
   if (whole) {
     // One forward over every row in batch order, even none: a mixture of experts' capacity and
     // token priority are defined on the batch as it is, and its collectives need every rank.
-    auto total = rows_loss_sum(model, model.item_embeddings(), b.input, users, b.pos, b.neg, kind);
+    auto total = rows_loss_sum(model, table, b.input, users, b.pos, b.neg, kind, softmax_keep_bytes);
     auto aux = model.take_auxiliary_loss();
     return aux.defined() ? total + aux : total;
   }
@@ -158,8 +166,6 @@ at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b,
   const auto* ord = order.data_ptr<int64_t>();
   const int64_t per_group = std::max<int64_t>(1, (n + groups - 1) / std::max<int64_t>(groups, 1));
   at::Tensor total;
-  // The scored item table once per batch: for LISA it is the quantized catalogue.
-  const auto table = model.item_embeddings();
   for (int64_t begin = 0; begin < n; begin += per_group) {
     const int64_t width = len[ord[begin]];
     if (width == 0) break;  // the rest have no items
@@ -168,7 +174,7 @@ at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b,
     models::UserInput u;
     if (users.ids.defined()) u.ids = users.ids.index_select(0, rows);
     if (users.features.defined()) u.features = users.features.index_select(0, rows);
-    auto part = rows_loss_sum(model, table, slice(b.input), u, slice(b.pos), slice(b.neg), kind);
+    auto part = rows_loss_sum(model, table, slice(b.input), u, slice(b.pos), slice(b.neg), kind, softmax_keep_bytes);
     total = total.defined() ? total + part : part;
   }
   // Model-side terms (LISA's inputs-optimize loss), summed over the same items.
@@ -643,7 +649,7 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
     double local_loss = 0;
     if (local_targets > 0 || layout.lockstep) {
       const auto users = user_input(batch.users, seqs, meta);
-      auto loss = batch_loss_sum(*model, batch, users, o.loss, o.length_groups, /*whole=*/moe) / global_targets;
+      auto loss = batch_loss_sum(*model, batch, users, o.loss, o.length_groups, /*whole=*/moe, o.softmax_keep_mib << 20) / global_targets;
       loss.backward();
       local_loss = loss.item<double>() * global_targets;
     }

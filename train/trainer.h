@@ -28,6 +28,7 @@ struct TrainOptions {
   AdamOptions adam;
   double clip_norm = 0;             // 0 = no clipping
   int64_t length_groups = 8;        // rows of a batch run in this many length-sorted, trimmed slices
+  int64_t softmax_keep_mib = 256;   // --loss ce keeps a batch's probabilities for the backward up to this size
   int64_t warmup_steps = 0;         // linear LR warm-up
   int64_t epochs = 200;
   int64_t eval_every = 1;           // validate every N epochs

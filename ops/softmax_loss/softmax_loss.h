@@ -1,10 +1,14 @@
 #pragma once
 // Softmax cross-entropy over a whole item catalogue, computed in row chunks: the [T, N] logits
-// of T target slots against N items never exist at once (forward or backward), only
-// [chunk, N] of them; the backward recomputes each chunk's logits from the saved hidden
-// states and per-row log-normalisers. Peak memory O(chunk·N + T) instead of O(T·N) (at
-// ML-1M's 25,600 slots x 3,417 items, 350 MB of logits and as much again for their gradient),
-// for one extra [chunk, D] x [D, N] product per chunk.
+// of T target slots against N items are formed [chunk, N] at a time. Two ways to the backward:
+// - when the [T, N] probabilities fit in keep_bytes, the forward keeps them (written in place
+//   of the logits) and the backward uses them: three [chunk, D] x [D, N]-sized products per
+//   chunk in all;
+// - otherwise it saves only the hidden states and per-row log-normalisers and recomputes each
+//   chunk's logits: peak memory O(chunk·N + T) instead of O(T·N) (at ML-1M's 25,600 slots x
+//   3,417 items, 350 MB of logits), for a fourth product per chunk. A catalogue of millions of
+//   items always takes this way.
+// Both give the same values and the same gradients bit for bit.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -14,9 +18,10 @@ namespace seqrec::ops {
 // sum_t -log softmax(hidden[t] · tableᵀ)[targets[t]], the softmax taken over columns 1..N
 // (row 0 of the table is the padding item, never a class).
 // hidden [T, D] float, table [N + 1, D] of the same dtype, targets [T] int64 in [1, N].
-// Differentiable w.r.t. hidden and table. chunk_rows > 0. Throws c10::Error naming the
-// argument on a bad shape, dtype, chunk or target.
+// Differentiable w.r.t. hidden and table (one backward: the kept probabilities are consumed).
+// chunk_rows > 0; keep_bytes >= 0 (0: always recompute). Throws c10::Error naming the
+// argument on a bad shape, dtype, chunk, budget or target.
 at::Tensor softmax_loss_sum(const at::Tensor& hidden, const at::Tensor& table, const at::Tensor& targets,
-                            int64_t chunk_rows = 2048);
+                            int64_t chunk_rows = 2048, int64_t keep_bytes = int64_t{256} << 20);
 
 }  // namespace seqrec::ops

@@ -18,47 +18,64 @@ at::Tensor chunk_logits(const at::Tensor& hidden, const at::Tensor& table, int64
 }
 
 struct ChunkedSoftmaxLoss : public torch::autograd::Function<ChunkedSoftmaxLoss> {
+  // keep: the forward stores every row's probabilities ([T, N + 1], computed in place of the
+  // logits) and the backward uses them, consuming them in place; otherwise it saves only the
+  // per-row log-normalisers and recomputes each chunk's logits.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& table,
-                            const at::Tensor& targets, int64_t chunk) {
+                            const at::Tensor& targets, int64_t chunk, bool keep) {
     const int64_t T = hidden.size(0);
     auto lse = torch::empty({T}, hidden.options());
+    auto probs = keep ? torch::empty({T, table.size(0)}, hidden.options()) : at::Tensor();
     auto total = torch::zeros({}, hidden.options().dtype(at::kDouble));
     for (int64_t r0 = 0; r0 < T; r0 += chunk) {
       const int64_t n = std::min(chunk, T - r0);
-      auto logits = chunk_logits(hidden, table, r0, n);
+      at::Tensor logits;
+      if (keep) {
+        logits = probs.narrow(0, r0, n);
+        at::mm_out(logits, hidden.narrow(0, r0, n), table.t());
+        logits.select(1, 0).fill_(-std::numeric_limits<double>::infinity());
+      } else {
+        logits = chunk_logits(hidden, table, r0, n);
+      }
       auto l = torch::logsumexp(logits, 1);
       lse.narrow(0, r0, n).copy_(l);
       total += (l - logits.gather(1, targets.narrow(0, r0, n).unsqueeze(1)).squeeze(1)).sum().to(at::kDouble);
+      if (keep) logits.sub_(l.unsqueeze(1)).exp_();
     }
-    ctx->save_for_backward({hidden, table, targets, lse});
+    ctx->save_for_backward({hidden, table, targets, keep ? probs : lse});
     ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["keep"] = keep;
     return total.to(hidden.scalar_type());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    const auto &hidden = saved[0], &table = saved[1], &targets = saved[2], &lse = saved[3];
+    const auto &hidden = saved[0], &table = saved[1], &targets = saved[2];
     const int64_t chunk = ctx->saved_data["chunk"].toInt(), T = hidden.size(0);
+    const bool keep = ctx->saved_data["keep"].toBool();
     auto g = grads[0];  // scalar
     auto grad_hidden = torch::empty_like(hidden);
     auto grad_table = torch::zeros_like(table);
     for (int64_t r0 = 0; r0 < T; r0 += chunk) {
       const int64_t n = std::min(chunk, T - r0);
-      // d/dlogits = softmax - onehot(target), times the incoming gradient.
-      auto p = (chunk_logits(hidden, table, r0, n) - lse.narrow(0, r0, n).unsqueeze(1)).exp_();
+      // d/dlogits = softmax - onehot(target), times the incoming gradient. The kept
+      // probabilities are consumed in place (a second backward through this node then fails
+      // autograd's version check rather than reading them altered).
+      auto p = keep ? saved[3].narrow(0, r0, n)
+                    : (chunk_logits(hidden, table, r0, n) - saved[3].narrow(0, r0, n).unsqueeze(1)).exp_();
       p.scatter_add_(1, targets.narrow(0, r0, n).unsqueeze(1), -torch::ones({n, 1}, p.options()));
       p.mul_(g);
       grad_hidden.narrow(0, r0, n).copy_(p.mm(table));
       grad_table.addmm_(p.t(), hidden.narrow(0, r0, n));
     }
-    return {grad_hidden, grad_table, at::Tensor(), at::Tensor()};
+    return {grad_hidden, grad_table, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor softmax_loss_sum(const at::Tensor& hidden, const at::Tensor& table, const at::Tensor& targets,
-                            int64_t chunk_rows) {
+                            int64_t chunk_rows, int64_t keep_bytes) {
   TORCH_CHECK(hidden.dim() == 2 && at::isFloatingType(hidden.scalar_type()), "hidden must be float [T, D]; got ",
               hidden.sizes(), " ", hidden.scalar_type());
   TORCH_CHECK(table.dim() == 2 && table.size(1) == hidden.size(1) && table.size(0) >= 2 &&
@@ -69,12 +86,17 @@ at::Tensor softmax_loss_sum(const at::Tensor& hidden, const at::Tensor& table, c
               "targets must be int64 [T] with T = ", hidden.size(0), "; got ", targets.sizes(), " ",
               targets.scalar_type());
   TORCH_CHECK(chunk_rows > 0, "chunk_rows must be > 0, got ", chunk_rows);
+  TORCH_CHECK(keep_bytes >= 0, "keep_bytes must be >= 0, got ", keep_bytes);
   if (targets.numel() > 0) {
     const int64_t lo = targets.min().item<int64_t>(), hi = targets.max().item<int64_t>();
     TORCH_CHECK(lo >= 1 && hi < table.size(0), "targets out of range [1, ", table.size(0) - 1, "]: min ", lo,
                 ", max ", hi);
   }
-  return ChunkedSoftmaxLoss::apply(hidden, table, targets, chunk_rows);
+  // Keep the probabilities only for a backward that will use them, and only within budget.
+  const bool grad = at::GradMode::is_enabled() && (hidden.requires_grad() || table.requires_grad());
+  const double bytes = static_cast<double>(hidden.size(0)) * static_cast<double>(table.size(0)) *
+                       static_cast<double>(hidden.element_size());
+  return ChunkedSoftmaxLoss::apply(hidden, table, targets, chunk_rows, grad && bytes <= static_cast<double>(keep_bytes));
 }
 
 }  // namespace seqrec::ops

@@ -258,6 +258,26 @@ TEST_F(Cli, HostAllocatorChangesMemoryNotTheResult) {
   for (auto& [n, t] : pa) EXPECT_TRUE(torch::equal(t, pb.at(n))) << n << " differs between allocators";
 }
 
+// Keeping the softmax probabilities for the backward (--softmax_keep_mib) changes the work,
+// never the values: SASRec under --loss ce in length-sorted slices, and FLASH4Rec's whole-batch
+// forward, end bit-identical with the probabilities kept and recomputed.
+TEST_F(Cli, SoftmaxKeepChangesTheWorkNotTheResult) {
+  const std::string common = "train --data " + data() + " --loss ce --max_len 40 --hidden 32 --blocks 1 --batch_size 64 " +
+                             "--threads 1 --log_every 1000 --max_steps 8 --final_test=false --epochs 5 ";
+  for (const std::string model : {"--model sasrec --length_groups 4", "--model flash4rec --flash_user zero --moe_experts 2"}) {
+    std::map<std::string, at::Tensor> params[2];
+    for (int keep = 0; keep < 2; ++keep) {
+      const std::string out = dir(std::string("softmax-keep") + (keep ? "1-" : "0-") + model.substr(8, 5));
+      auto r = run_seqrec(common + model + " --out " + out + " --softmax_keep_mib " + (keep ? "256" : "0"), 300);
+      ASSERT_EQ(r.code, 0) << r.output;
+      params[keep] = params_of(newest_checkpoint(out));
+    }
+    ASSERT_FALSE(params[0].empty());
+    ASSERT_EQ(params[0].size(), params[1].size());
+    for (auto& [n, t] : params[0]) EXPECT_TRUE(torch::equal(t, params[1].at(n))) << model << ": " << n << " differs";
+  }
+}
+
 TEST_F(Cli, RefusesToOverwriteARunWithoutResume) {
   const std::string run = dir("twice");
   const std::string cmd = "train --data " + data() + " --out " + run + " " + kTrainSmall + "--max_steps 2 --final_test=false";
@@ -384,6 +404,7 @@ TEST_F(Cli, InvalidFlagsGetAClearErrorAndExitCode) {
       {t + "--no_such_flag 1", "no_such_flag"},
       {t + "--select_metric AUC", "--select_metric"},
       {t + "--host_allocator tcmalloc", "--host_allocator must be 'caching' or 'system', got 'tcmalloc'"},
+      {t + "--softmax_keep_mib -1", "--softmax_keep_mib must be >= 0"},
       {"prepare --format nosuch --input x --out y", "nosuch"},
       {"prepare --format sasrec --input /nonexistent/file.txt --out " + dir("never"), "/nonexistent/file.txt"},
       {"prepare --format sasrec --input x --out y --lr 0.1", "does not apply"},

@@ -6,6 +6,8 @@
 #include <torch/torch.h>
 
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "ops/softmax_loss/softmax_loss.h"
 #include "tests/ops/op_test_util.h"
@@ -30,19 +32,62 @@ TEST(SoftmaxLoss, MatchesCrossEntropyForEveryChunking) {
   auto h = h0.clone().requires_grad_(), t = t0.clone().requires_grad_();
   auto want = naive(h, t, targets);
   auto want_grads = torch::autograd::grad({want * 0.7}, {h, t});
-  for (int64_t chunk : {1, 5, 37, 64}) {
-    auto hc = h0.clone().requires_grad_(), tc = t0.clone().requires_grad_();
-    auto got = softmax_loss_sum(hc, tc, targets, chunk);
-    EXPECT_NEAR(got.item<double>(), want.item<double>(), 1e-4) << "chunk " << chunk;
-    auto g = torch::autograd::grad({got * 0.7}, {hc, tc});
-    EXPECT_TRUE(torch::allclose(g[0], want_grads[0], 1e-4, 1e-5)) << "chunk " << chunk;
-    EXPECT_TRUE(torch::allclose(g[1], want_grads[1], 1e-4, 1e-5)) << "chunk " << chunk;
-    EXPECT_EQ(g[1][0].abs().max().item<float>(), 0.0f) << "the padding row is never a class";
-  }
+  for (int64_t keep_bytes : {int64_t{0}, int64_t{1} << 30})
+    for (int64_t chunk : {1, 5, 37, 64}) {
+      auto hc = h0.clone().requires_grad_(), tc = t0.clone().requires_grad_();
+      auto got = softmax_loss_sum(hc, tc, targets, chunk, keep_bytes);
+      const std::string at = "chunk " + std::to_string(chunk) + " keep_bytes " + std::to_string(keep_bytes);
+      EXPECT_NEAR(got.item<double>(), want.item<double>(), 1e-4) << at;
+      auto g = torch::autograd::grad({got * 0.7}, {hc, tc});
+      EXPECT_TRUE(torch::allclose(g[0], want_grads[0], 1e-4, 1e-5)) << at;
+      EXPECT_TRUE(torch::allclose(g[1], want_grads[1], 1e-4, 1e-5)) << at;
+      EXPECT_EQ(g[1][0].abs().max().item<float>(), 0.0f) << "the padding row is never a class";
+    }
   // No target slots: zero loss, zero gradients.
   auto e = torch::zeros({0, D}).requires_grad_();
   auto z = softmax_loss_sum(e, t, torch::zeros({0}, torch::kLong));
   EXPECT_EQ(z.item<float>(), 0.0f);
+}
+
+// Keeping the forward's probabilities (within the budget) and recomputing them give the same
+// loss and gradients bit for bit; the budget is in bytes of the [T, N + 1] matrix; a kept
+// matrix is consumed by the backward, so a second backward fails instead of reading it, while
+// recomputed ones allow it.
+TEST(SoftmaxLoss, KeptAndRecomputedProbabilitiesAgreeBitForBit) {
+  torch::manual_seed(5);
+  const int64_t T = 300, D = 16, N = 97;
+  auto h0 = torch::randn({T, D}), t0 = torch::randn({N + 1, D});
+  auto targets = torch::randint(1, N + 1, {T}, torch::kLong);
+  const int64_t fits = T * (N + 1) * 4;
+  for (int64_t chunk : {7, 128, 300}) {
+    std::vector<at::Tensor> loss, gh, gt;
+    for (int64_t keep_bytes : {int64_t{0}, fits - 1, fits}) {
+      auto h = h0.clone().requires_grad_(), t = t0.clone().requires_grad_();
+      auto l = softmax_loss_sum(h, t, targets, chunk, keep_bytes);
+      auto g = torch::autograd::grad({l * 1.3}, {h, t});
+      loss.push_back(l.detach());
+      gh.push_back(g[0]);
+      gt.push_back(g[1]);
+    }
+    for (size_t i = 1; i < loss.size(); ++i) {
+      EXPECT_TRUE(torch::equal(loss[i], loss[0])) << "chunk " << chunk << " budget " << i;
+      EXPECT_TRUE(torch::equal(gh[i], gh[0])) << "chunk " << chunk << " budget " << i;
+      EXPECT_TRUE(torch::equal(gt[i], gt[0])) << "chunk " << chunk << " budget " << i;
+    }
+  }
+  // Which way ran shows in a second backward: only recomputed probabilities survive one.
+  auto h = h0.clone().requires_grad_(), t = t0.clone().requires_grad_();
+  auto l = softmax_loss_sum(h, t, targets, 64, fits);
+  l.backward({}, /*retain_graph=*/true);
+  EXPECT_THROW(l.backward(), c10::Error) << "within the budget the probabilities are kept";
+  auto r = softmax_loss_sum(h, t, targets, 64, fits - 1);
+  r.backward({}, /*retain_graph=*/true);
+  EXPECT_NO_THROW(r.backward()) << "over the budget they are recomputed";
+  // Without gradients nothing is kept (and nothing is needed).
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(torch::equal(softmax_loss_sum(h0, t0, targets, 64, fits), softmax_loss_sum(h0, t0, targets, 64, 0)));
+  }
 }
 
 TEST(SoftmaxLoss, GradientsMatchCentralDifferences) {
@@ -71,6 +116,7 @@ TEST(SoftmaxLoss, BadArgumentsAreNamed) {
             std::string::npos);
   EXPECT_NE(message([&] { softmax_loss_sum(h, torch::randn({5, 4}), ok); }).find("table must be"), std::string::npos);
   EXPECT_NE(message([&] { softmax_loss_sum(h, t, ok.narrow(0, 0, 3)); }).find("targets must be"), std::string::npos);
+  EXPECT_NE(message([&] { softmax_loss_sum(h, t, ok, 8, -1); }).find("keep_bytes must be >= 0"), std::string::npos);
   EXPECT_NE(message([&] { softmax_loss_sum(h, t, ok, 0); }).find("chunk_rows"), std::string::npos);
 }
 
