@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -649,7 +650,7 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
     double local_loss = 0;
     if (local_targets > 0 || layout.lockstep) {
       const auto users = user_input(batch.users, seqs, meta);
-      auto loss = batch_loss_sum(*model, batch, users, o.loss, o.length_groups, /*whole=*/moe, o.softmax_keep_mib << 20) / global_targets;
+      auto loss = batch_loss_sum(*model, batch, users, o.loss, o.length_groups, /*whole=*/moe, std::min<int64_t>(o.softmax_keep_mib, int64_t{1} << 40) << 20) / global_targets;
       loss.backward();
       local_loss = loss.item<double>() * global_targets;
     }
