@@ -23,6 +23,7 @@
 #include "dist/data_parallel.h"
 #include "io/dataset.h"
 #include "io/log.h"
+#include "ops/length_slices/length_slices.h"
 #include "ops/softmax_loss/softmax_loss.h"
 #include "train/checkpoint.h"
 #include "train/host_allocator.h"
@@ -143,13 +144,15 @@ at::Tensor rows_loss_sum(models::SequenceModel& model, const at::Tensor& table, 
 // counted from the right, so dropping a slice's common padding changes nothing but the
 // work: on ML-1M at max_len 200 almost half of all slots are padding. Under --loss ce the
 // softmax probabilities of all the batch's targets are kept for the backward only if together
-// they fit in softmax_keep_bytes (every slice's stay alive until the backward).
+// they fit in softmax_keep_bytes (every slice's stay alive until the backward); `targets` is
+// the batch's target count.
 at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b, const models::UserInput& users,
-                          const std::string& kind, int64_t groups, bool whole, int64_t softmax_keep_bytes) {
+                          const std::string& kind, int64_t groups, bool whole, double targets,
+                          int64_t softmax_keep_bytes) {
   const auto table = model.item_embeddings();
   if (kind == "ce") {
-    const double bytes = static_cast<double>(b.pos.ne(0).sum().item<int64_t>()) *
-                         static_cast<double>(table.size(0)) * static_cast<double>(table.element_size());
+    const double bytes =
+        targets * static_cast<double>(table.size(0)) * static_cast<double>(table.element_size());
     if (bytes > static_cast<double>(softmax_keep_bytes)) softmax_keep_bytes = 0;
   }
   if (whole) {
@@ -159,23 +162,15 @@ at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b,
     auto aux = model.take_auxiliary_loss();
     return aux.defined() ? total + aux : total;
   }
-  const int64_t n = b.input.size(0), L = b.input.size(1);
   // Widths from the inputs: under the cloze objective only the masked slots are targets.
-  auto lengths = b.input.ne(0).sum(1);
-  auto order = std::get<1>(at::sort(lengths, /*stable=*/true, /*dim=*/0, /*descending=*/true));
-  const auto* len = lengths.data_ptr<int64_t>();
-  const auto* ord = order.data_ptr<int64_t>();
-  const int64_t per_group = std::max<int64_t>(1, (n + groups - 1) / std::max<int64_t>(groups, 1));
+  const auto cut = ops::slice_by_length(b.input.ne(0).sum(1), groups);
   at::Tensor total;
-  for (int64_t begin = 0; begin < n; begin += per_group) {
-    const int64_t width = len[ord[begin]];
-    if (width == 0) break;  // the rest have no items
-    auto rows = order.narrow(0, begin, std::min(per_group, n - begin));
-    auto slice = [&](const at::Tensor& t) { return t.index_select(0, rows).narrow(1, L - width, width); };
+  for (const auto& slice : cut.slices) {
+    auto cols = [&](const at::Tensor& t) { return ops::take_slice(t, slice, 1); };
     models::UserInput u;
-    if (users.ids.defined()) u.ids = users.ids.index_select(0, rows);
-    if (users.features.defined()) u.features = users.features.index_select(0, rows);
-    auto part = rows_loss_sum(model, table, slice(b.input), u, slice(b.pos), slice(b.neg), kind, softmax_keep_bytes);
+    if (users.ids.defined()) u.ids = users.ids.index_select(0, slice.rows);
+    if (users.features.defined()) u.features = users.features.index_select(0, slice.rows);
+    auto part = rows_loss_sum(model, table, cols(b.input), u, cols(b.pos), cols(b.neg), kind, softmax_keep_bytes);
     total = total.defined() ? total + part : part;
   }
   // Model-side terms (LISA's inputs-optimize loss), summed over the same items.
@@ -650,7 +645,8 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
     double local_loss = 0;
     if (local_targets > 0 || layout.lockstep) {
       const auto users = user_input(batch.users, seqs, meta);
-      auto loss = batch_loss_sum(*model, batch, users, o.loss, o.length_groups, /*whole=*/moe, std::min<int64_t>(o.softmax_keep_mib, int64_t{1} << 40) << 20) / global_targets;
+      auto loss = batch_loss_sum(*model, batch, users, o.loss, o.length_groups, /*whole=*/moe, local_targets,
+                                 std::min<int64_t>(o.softmax_keep_mib, int64_t{1} << 40) << 20) / global_targets;
       loss.backward();
       local_loss = loss.item<double>() * global_targets;
     }

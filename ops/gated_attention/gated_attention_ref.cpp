@@ -1,6 +1,7 @@
 #include "ops/gated_attention/gated_attention.h"
 
 #include "ops/dropout/dropout.h"
+#include "ops/length_slices/length_slices.h"
 #include "ops/linear_attention/linear_attention.h"
 #include "ops/op_checks.h"
 
@@ -174,30 +175,16 @@ at::Tensor gated_attention_by_length(const at::Tensor& q, const at::Tensor& k, c
   auto slot = torch::arange(L, lengths.options()).unsqueeze(0);
   if (!key_padding.eq(slot < (L - lengths).unsqueeze(1)).all().item<bool>())
     return gated_attention(q, k, v, key_padding, o);
-  auto order = std::get<1>(at::sort(lengths, /*stable=*/true, /*dim=*/0, /*descending=*/true));
-  // The slice bounds are read on the host (one small copy when the batch lives on a GPU).
-  auto lengths_host = lengths.cpu(), order_host = order.cpu();
-  const auto* len = lengths_host.data_ptr<int64_t>();
-  const auto* ord = order_host.data_ptr<int64_t>();
-  if (len[ord[0]] == L && len[ord[B - 1]] == L) return gated_attention(q, k, v, key_padding, o);
-  const int64_t per = (B + groups - 1) / groups;
+  const auto cut = slice_by_length(lengths, groups);
+  if (cut.shortest == L) return gated_attention(q, k, v, key_padding, o);
   std::vector<at::Tensor> parts;
-  for (int64_t begin = 0; begin < B; begin += per) {
-    const int64_t n = std::min(per, B - begin), width = len[ord[begin]];
-    auto rows = order.narrow(0, begin, n);
-    if (width == 0) {  // the rest are all padding: outputs 0
-      parts.push_back(torch::zeros({B - begin, v.size(1), L, v.size(3)}, v.options()));
-      break;
-    }
-    auto cols = [&](const at::Tensor& t) { return t.index_select(0, rows).narrow(2, L - width, width); };
-    auto pad = key_padding.index_select(0, rows).narrow(1, L - width, width);
-    auto out = gated_attention(cols(q), cols(k), cols(v), pad, o);
-    parts.push_back(width == L ? out : torch::constant_pad_nd(out, {0, 0, L - width, 0}));
+  for (const auto& slice : cut.slices) {
+    auto out = gated_attention(take_slice(q, slice, 2), take_slice(k, slice, 2), take_slice(v, slice, 2),
+                               take_slice(key_padding, slice, 1), o);
+    parts.push_back(slice.width == L ? out : torch::constant_pad_nd(out, {0, 0, L - slice.width, 0}));
   }
-  // Rows back in batch order.
-  auto inverse = torch::empty_like(order);
-  inverse.index_put_({order}, torch::arange(B, order.options()));
-  return torch::cat(parts, 0).index_select(0, inverse);
+  if (cut.covered < B) parts.push_back(torch::zeros({B - cut.covered, v.size(1), L, v.size(3)}, v.options()));
+  return torch::cat(parts, 0).index_select(0, inverse_order(cut.order));
 }
 
 }  // namespace seqrec::ops

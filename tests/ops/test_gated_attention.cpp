@@ -2,7 +2,8 @@
 // reference in double, on shapes that break the 64-slot chunk tiling (length 1, odd lengths,
 // lengths not a multiple of the chunk, all-padding rows, left and right padding, H > 1, s != e);
 // the linear cosine path against the explicit matrix (a long sequence included); causality,
-// padding isolation, gradients, Top-K attention dropout and named errors.
+// padding isolation, gradients, Top-K attention dropout and named errors. Also the length
+// slicing (ops/length_slices) that the length-grouped call and the trainer share.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "ops/gated_attention/gated_attention.h"
+#include "ops/length_slices/length_slices.h"
 #include "tests/ops/op_test_util.h"
 
 namespace {
@@ -526,6 +528,42 @@ TEST(GatedAttention, LengthGroupsGiveTheWholeBatchResult) {
   EXPECT_EQ(o.masked_select(pad.view({B, 1, L, 1}).expand_as(o)).abs().max().item<double>(), 0.0);
   expect_error([&] { seqrec::ops::gated_attention_by_length(q, k, v, pad.narrow(1, 0, L - 1), options(GatedAttentionForm::kSoftmax, true), 2); },
                "key_padding");
+}
+
+// Slicing by length: rows longest first with ties in batch order, runs of ceil(B / groups),
+// each as wide as its first row, slices of empty rows dropped, and the inverse order.
+TEST(LengthSlices, SortedRunsAsWideAsTheirLongestRow) {
+  using seqrec::ops::slice_by_length;
+  auto lengths = torch::tensor(std::vector<int64_t>{3, 0, 7, 3, 0, 5, 0});
+  auto rows_of = [](const seqrec::ops::LengthSlice& s) {
+    return std::vector<int64_t>(s.rows.data_ptr<int64_t>(), s.rows.data_ptr<int64_t>() + s.rows.numel());
+  };
+  auto cut = slice_by_length(lengths, 3);  // runs of 3: {2, 5, 0}, {3, 1, 4}, {6}
+  ASSERT_EQ(cut.slices.size(), 2u);
+  EXPECT_EQ(rows_of(cut.slices[0]), (std::vector<int64_t>{2, 5, 0}));
+  EXPECT_EQ(cut.slices[0].width, 7);
+  EXPECT_EQ(rows_of(cut.slices[1]), (std::vector<int64_t>{3, 1, 4}));
+  EXPECT_EQ(cut.slices[1].width, 3);
+  EXPECT_EQ(cut.covered, 6);
+  EXPECT_EQ(cut.shortest, 0);
+  for (int64_t groups : {-1, 0, 1}) {
+    auto one = slice_by_length(lengths, groups);
+    ASSERT_EQ(one.slices.size(), 1u) << groups;
+    EXPECT_EQ(one.slices[0].width, 7);
+    EXPECT_EQ(one.covered, 7);
+  }
+  auto each = slice_by_length(lengths, 100);  // one row per slice, the empty ones in none
+  ASSERT_EQ(each.slices.size(), 4u);
+  EXPECT_EQ(each.covered, 4);
+  EXPECT_EQ(slice_by_length(torch::zeros({0}, torch::kLong), 4).slices.size(), 0u);
+  EXPECT_EQ(slice_by_length(torch::zeros({3}, torch::kLong), 2).covered, 0);
+  // take_slice keeps the last `width` columns of the slice's rows.
+  auto t = torch::arange(7 * 8).view({7, 8});
+  auto part = seqrec::ops::take_slice(t, cut.slices[1], 1);
+  EXPECT_TRUE(torch::equal(part, t.index_select(0, torch::tensor(std::vector<int64_t>{3, 1, 4})).narrow(1, 5, 3)));
+  auto back = t.index_select(0, cut.order).index_select(0, seqrec::ops::inverse_order(cut.order));
+  EXPECT_TRUE(torch::equal(back, t));
+  expect_error([&] { slice_by_length(lengths.to(torch::kInt), 2); }, "lengths");
 }
 
 }  // namespace
