@@ -269,6 +269,15 @@ TEST_F(CliMpi, ADivergedRankStopsTheRunNamingTheTensor) {
   auto c = run_command("env SEQREC_FAULT_DIVERGE=one:4 " + seqrec_bin() + train_args(data(), dir("diverge-bad"), 8), 60);
   EXPECT_NE(c.code, 0);
   EXPECT_TRUE(contains(c.output, "SEQREC_FAULT_DIVERGE='one:4': expected RANK:STEP[:NAME]")) << c.output;
+  // So are a tensor the model does not have and a rank the job does not have.
+  auto d = run_command("env SEQREC_FAULT_DIVERGE=0:4:block9.nothing " + seqrec_bin() +
+                           train_args(data(), dir("diverge-name"), 8),
+                       60);
+  EXPECT_NE(d.code, 0);
+  EXPECT_TRUE(contains(d.output, "the model has no parameter or buffer 'block9.nothing'")) << d.output;
+  auto e = run_command("env SEQREC_FAULT_DIVERGE=2:4 " + seqrec_bin() + train_args(data(), dir("diverge-rank"), 8), 60);
+  EXPECT_NE(e.code, 0);
+  EXPECT_TRUE(contains(e.output, "SEQREC_FAULT_DIVERGE: rank 2 is not among the 1 rank(s)")) << e.output;
 }
 
 TEST_F(CliMpi, ADeadRankEndsTheJob) {
