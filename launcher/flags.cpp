@@ -170,7 +170,7 @@ const std::map<std::string, Subcommand>& subcommands() {
        {"evaluate a checkpoint on the valid or test split",
         {"checkpoint", "data", "split", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",
          "eval_batch", "seed", "comm"}}},
-      {"info", {"print a dataset's or a checkpoint's metadata", {"data", "checkpoint"}}},
+      {"info", {"print a dataset's or a checkpoint's metadata, or a run directory's results and newest checkpoint", {"data", "checkpoint"}}},
   };
   return table;
 }

@@ -26,6 +26,7 @@
 #include "launcher/flags.h"
 #include "models/model.h"
 #include "train/checkpoint.h"
+#include "train/run_summary.h"
 #include "train/trainer.h"
 
 namespace seqrec {
@@ -272,6 +273,8 @@ int cmd_info(const std::vector<std::string>& positional) {
     return 0;
   }
   std::string dir = path;
+  // A run directory: its results first, then its newest checkpoint.
+  if (train::is_run_directory(path)) std::printf("%s\n", train::describe_run(path).c_str());
   if (!fs::exists(fs::path(path) / "MANIFEST")) {
     // A run directory or a checkpoints directory: show its newest complete checkpoint.
     auto comm = dist::make_local_comm();

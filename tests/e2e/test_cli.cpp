@@ -105,6 +105,14 @@ TEST_F(Cli, TrainsEvaluatesAndReportsProtocols) {
   auto info = run_seqrec("info " + run);
   ASSERT_EQ(info.code, 0) << info.output;
   EXPECT_TRUE(contains(info.output, "model=sasrec")) << info.output;
+  // A run directory's summary: the selection, the test evaluation with its protocols, the time.
+  EXPECT_TRUE(contains(info.output, "status: finished")) << info.output;
+  EXPECT_TRUE(std::regex_search(info.output, std::regex("selected on valid NDCG@10 under \"sampled: 1 target \\+ 100 uniform "
+                                                        "negatives not in the user's sequence\": NDCG@10=[0-9.]+ at epoch [1-3]")))
+      << info.output;
+  EXPECT_TRUE(contains(info.output, "test (model selected on valid NDCG@10 at epoch")) << info.output;
+  EXPECT_TRUE(contains(info.output, "\"full ranking over all items, history not excluded\" (tie=pessimistic")) << info.output;
+  EXPECT_TRUE(contains(info.output, "s/epoch training")) << info.output;
   auto dinfo = run_seqrec("info " + data());
   ASSERT_EQ(dinfo.code, 0) << dinfo.output;
   EXPECT_TRUE(contains(dinfo.output, "300")) << dinfo.output;

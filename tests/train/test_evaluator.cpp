@@ -1,14 +1,22 @@
 // Ranking metrics with exact answers: a fake model whose score for item i is known, so every
-// rank (and therefore HR/NDCG/MRR) can be computed by hand.
+// rank (and therefore HR/NDCG/MRR) can be computed by hand. Also the run summary that reads the
+// metrics back (train/run_summary.h).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+
+#include <unistd.h>
 
 #include "dist/comm.h"
 #include "io/dataset.h"
 #include "models/model.h"
 #include "train/evaluator.h"
+#include "train/run_summary.h"
 
 namespace {
 using namespace seqrec;
@@ -164,6 +172,96 @@ TEST(Evaluator, ProtocolDescriptionsNameEverything) {
   train::EvalProtocol f;
   f.sampled = false;
   EXPECT_EQ(f.key(), "full");
+}
+
+// metrics.jsonl lines read back exactly as result_json wrote them, escapes included; a malformed
+// line is an error naming what is wrong.
+TEST(RunSummary, ParsesWhatResultJsonWrites) {
+  train::EvalResult r;
+  r.split = train::Split::kTest;
+  r.users = 6040;
+  r.metrics = {{"HR@10", 0.814901}, {"NDCG@10", 0.582483}, {"tied", 0.0}};
+  r.seconds = 1.5;
+  const auto rec = train::parse_metrics_line(train::result_json(r, "ml \"1m\"\\x", 300, 16800));
+  EXPECT_EQ(rec.text.at("dataset"), "ml \"1m\"\\x");
+  EXPECT_EQ(rec.text.at("split"), "test");
+  EXPECT_EQ(rec.text.at("candidates"), r.protocol.describe());
+  EXPECT_DOUBLE_EQ(rec.numbers.at("epoch"), 300);
+  EXPECT_DOUBLE_EQ(rec.numbers.at("step"), 16800);
+  EXPECT_DOUBLE_EQ(rec.numbers.at("users"), 6040);
+  EXPECT_DOUBLE_EQ(rec.numbers.at("NDCG@10"), 0.582483);
+  EXPECT_EQ(train::parse_metrics_line("{\"a\":\"\\u00e9\\n\"}").text.at("a"), "\xc3\xa9\n");
+  EXPECT_TRUE(train::parse_metrics_line("{ }").numbers.empty());
+  for (const std::string bad : {"", "{", "{\"a\":}", "{\"a\":1", "{\"a\":1} x", "{\"a\":\"x}", "{\"a\":1e}", "[1]"})
+    EXPECT_THROW(train::parse_metrics_line(bad), std::invalid_argument) << bad;
+}
+
+// A run's summary: where training stands, the selected epoch with every protocol validated
+// there, the test evaluation (and a warning when the test split was evaluated more than once),
+// the time and peak memory; a malformed metrics line names the file and line.
+TEST(RunSummary, DescribesSelectionTestAndStatus) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("seqrec-run-summary-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto write = [&](const std::string& name, const std::string& text) { std::ofstream(dir / name) << text; };
+  const std::string sampled = "sampled: 1 target + 100 uniform negatives not in the user's sequence";
+  const auto rec = [&](const char* split, int epoch, int step, const std::string& cand, double ndcg) {
+    return std::string("{\"dataset\":\"ml-1m\",\"split\":\"") + split + "\",\"epoch\":" + std::to_string(epoch) +
+           ",\"step\":" + std::to_string(step) + ",\"protocol\":\"p\",\"candidates\":\"" + cand +
+           "\",\"tie\":\"pessimistic\",\"users\":6040,\"NDCG@10\":" + std::to_string(ndcg) +
+           ",\"HR@10\":0.5,\"MRR\":0.25,\"tied\":0,\"seconds\":1}\n";
+  };
+  const std::string log_head =
+      "[setup] dataset=ml-1m users=6040\n[setup] model=linrec params=1 max_len=200\n"
+      "[setup] model selection: valid NDCG@10 under \"" + sampled + "\"\n";
+  write("train.log", log_head + "[train] epoch 4/10 step 40 loss 1\n[select] new best valid NDCG@10=0.6000 at epoch 5\n" +
+                         "[train] epoch 9/10 step 90 loss 1\n[stop] stop requested: checkpoint written at step 100\n" +
+                         "[done] steps=100 train time/epoch=14.37 s peak RSS/rank=513 MiB\n");
+  write("metrics.jsonl", rec("valid", 5, 50, sampled, 0.6) + rec("valid", 5, 50, "full ranking", 0.06) +
+                             rec("valid", 10, 100, sampled, 0.59));
+  auto text = train::describe_run(dir.string());
+  EXPECT_NE(text.find("model: linrec, dataset: ml-1m, sittings: 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("100 steps (the last progress line in epoch 9 of 10); 2 validation(s), the last at epoch 10"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("status: stopped (stop requested"), std::string::npos) << text;
+  EXPECT_NE(text.find("selected on valid NDCG@10 under \"" + sampled + "\": NDCG@10=0.6000 at epoch 5"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"full ranking\" (tie=pessimistic, users=6040): HR@10=0.5000 NDCG@10=0.0600 MRR=0.2500 tied=0.0000"),
+            std::string::npos) << text;
+  EXPECT_EQ(text.find("NDCG@10=0.5900"), std::string::npos) << "epoch 10 was not selected: " << text;
+  EXPECT_EQ(text.find("test ("), std::string::npos) << text;
+  EXPECT_NE(text.find("time: 14.37 s/epoch training"), std::string::npos) << text;
+  EXPECT_NE(text.find("peak RSS/rank 513 MiB"), std::string::npos) << text;
+
+  // A second sitting that finished and tested; then the run extended and tested again.
+  write("train.log", log_head + "[select] new best valid NDCG@10=0.6000 at epoch 5\n[done] steps=100 train time/epoch=14.37 s peak RSS/rank=513 MiB\n" +
+                         log_head + "[train] epoch 10/10 step 100 loss 1\n[done] steps=100 train time/epoch=12.00 s peak RSS/rank=400 MiB\n" +
+                         "[test] model selected on valid NDCG@10 at epoch 5\n");
+  std::ofstream(dir / "metrics.jsonl", std::ios::app) << rec("test", 5, 100, sampled, 0.58) + rec("test", 5, 100, "full ranking", 0.05);
+  text = train::describe_run(dir.string());
+  EXPECT_NE(text.find("sittings: 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("status: finished"), std::string::npos) << text;
+  EXPECT_NE(text.find("test (model selected on valid NDCG@10 at epoch 5; epoch 5):"), std::string::npos) << text;
+  EXPECT_NE(text.find("HR@10=0.5000 NDCG@10=0.5800"), std::string::npos) << text;
+  EXPECT_NE(text.find("time: 12.00 s/epoch"), std::string::npos) << text;
+  EXPECT_NE(text.find("peak RSS/rank 513 MiB"), std::string::npos) << "the largest sitting's: " << text;
+  EXPECT_EQ(text.find("WARNING"), std::string::npos) << text;
+  std::ofstream(dir / "metrics.jsonl", std::ios::app) << rec("test", 5, 200, sampled, 0.57);
+  text = train::describe_run(dir.string());
+  EXPECT_NE(text.find("WARNING: the test split was evaluated 2 times, the last shown"), std::string::npos) << text;
+  EXPECT_NE(text.find("NDCG@10=0.5700"), std::string::npos) << text;
+  EXPECT_EQ(text.find("NDCG@10=0.5800"), std::string::npos) << "only the last evaluation: " << text;
+
+  std::ofstream(dir / "metrics.jsonl", std::ios::app) << "{\"split\":\"valid\",\"epoch\":\n";
+  try {
+    train::describe_run(dir.string());
+    ADD_FAILURE() << "a malformed line was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("metrics.jsonl line 7: not a metrics record"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(train::is_run_directory(dir.string()));
+  EXPECT_FALSE(train::is_run_directory((dir / "nothing").string()));
+  fs::remove_all(dir);
 }
 
 }  // namespace
