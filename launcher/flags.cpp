@@ -126,6 +126,11 @@ DEFINE_int64(softmax_keep_mib, 256,
              "--loss ce: keep a batch's softmax probabilities from the forward for the backward when they fit in "
              "this many MiB (one [targets x items] product fewer, about 5% off a FLASH4Rec step on ML-1M, for up "
              "to that much more memory); 0 = always recompute them chunk by chunk");
+DEFINE_int64(profile_steps, 0,
+             "profile this many training steps (after --profile_after warm-up steps of this sitting): each "
+             "rank writes the time of every op and seqrec region to OUT/profile-rank<R>.txt, rank 0 logs "
+             "the largest; 0 = off");
+DEFINE_int64(profile_after, 5, "--profile_steps: training steps of this sitting to run before profiling");
 DEFINE_int32(prefetch, 4, "batches prepared ahead by the loader thread; 0 = synchronous");
 DEFINE_string(checkpoint, "", "eval/info: a checkpoint directory, a run's best/ or checkpoints/ directory");
 DEFINE_string(split, "test", "eval: valid | test");
@@ -165,7 +170,8 @@ const std::map<std::string, Subcommand>& subcommands() {
          "train_windows", "eval_every",
          "patience", "select_metric", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",
          "full_ranking", "eval_batch", "resume", "checkpoint_every", "keep_checkpoints", "expert_parallel", "replica_check_every", "max_steps",
-         "final_test", "log_every", "prefetch", "length_groups", "softmax_keep_mib", "seed", "comm"})}},
+         "final_test", "log_every", "prefetch", "length_groups", "softmax_keep_mib", "profile_steps",
+         "profile_after", "seed", "comm"})}},
       {"eval",
        {"evaluate a checkpoint on the valid or test split",
         {"checkpoint", "data", "split", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",

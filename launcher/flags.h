@@ -66,6 +66,8 @@ DECLARE_int32(prefetch);
 DECLARE_string(host_allocator);
 DECLARE_int64(length_groups);
 DECLARE_int64(softmax_keep_mib);
+DECLARE_int64(profile_steps);
+DECLARE_int64(profile_after);
 DECLARE_string(checkpoint);
 DECLARE_string(split);
 

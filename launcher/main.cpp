@@ -230,6 +230,10 @@ int cmd_train(dist::Comm& comm) {
   o.length_groups = FLAGS_length_groups;
   require(FLAGS_softmax_keep_mib >= 0, "--softmax_keep_mib must be >= 0");
   o.softmax_keep_mib = FLAGS_softmax_keep_mib;
+  require(FLAGS_profile_steps >= 0, "--profile_steps must be >= 0");
+  require(FLAGS_profile_after >= 0, "--profile_after must be >= 0");
+  o.profile_steps = FLAGS_profile_steps;
+  o.profile_after = FLAGS_profile_after;
   o.warmup_steps = FLAGS_warmup_steps;
   o.epochs = FLAGS_epochs;
   o.eval_every = FLAGS_eval_every;

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "ops/dropout/dropout.h"
+#include "ops/profile_scope.h"
 
 namespace seqrec::models {
 namespace {
@@ -46,10 +47,10 @@ class BlockImpl : public torch::nn::Module {
 
   at::Tensor forward(at::Tensor x, AttentionContext& ctx) {
     if (norm_first_) {
-      x = x + attn_->forward(attn_ln_ ? attn_ln_(x) : x, ctx);
+      x = x + attend(attn_ln_ ? attn_ln_(x) : x, ctx);
       return x + position_wise(ffn_ln_(x), ctx);
     }
-    x = attn_ln_(x + attn_->forward(x, ctx));
+    x = attn_ln_(x + attend(x, ctx));
     return ffn_ln_(x + position_wise(x, ctx));
   }
 
@@ -68,7 +69,14 @@ class BlockImpl : public torch::nn::Module {
   FeedForwardModuleImpl* feed_forward() { return moe_.get(); }
 
  private:
-  at::Tensor position_wise(const at::Tensor& x, AttentionContext& ctx) { return moe_ ? moe_->forward(x, ctx) : ffn_(x); }
+  at::Tensor attend(const at::Tensor& x, AttentionContext& ctx) {
+    SEQREC_PROFILE_SCOPE("seqrec::attention");
+    return attn_->forward(x, ctx);
+  }
+  at::Tensor position_wise(const at::Tensor& x, AttentionContext& ctx) {
+    SEQREC_PROFILE_SCOPE("seqrec::feed_forward");
+    return moe_ ? moe_->forward(x, ctx) : ffn_(x);
+  }
   // [B, D] at the last slot: a one-slot sequence whose padding is the last slot's.
   at::Tensor position_wise_last(const at::Tensor& last, AttentionContext& ctx) {
     if (!moe_) return ffn_(last);

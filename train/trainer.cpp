@@ -24,9 +24,11 @@
 #include "io/dataset.h"
 #include "io/log.h"
 #include "ops/length_slices/length_slices.h"
+#include "ops/profile_scope.h"
 #include "ops/softmax_loss/softmax_loss.h"
 #include "train/checkpoint.h"
 #include "train/host_allocator.h"
+#include "train/profiler.h"
 
 namespace seqrec::train {
 namespace fs = std::filesystem;
@@ -127,6 +129,7 @@ at::Tensor rows_loss_sum(models::SequenceModel& model, const at::Tensor& table, 
                          const models::UserInput& users, const at::Tensor& pos, const at::Tensor& neg,
                          const std::string& kind, int64_t softmax_keep_bytes) {
   auto h = model.encode(input, users);  // [n, L, D]
+  SEQREC_PROFILE_SCOPE("seqrec::loss");
   auto mask = pos.ne(0);
   auto hp = h.index({mask});     // [T, D]
   if (kind == "bce") {
@@ -570,6 +573,7 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
     last_saved_step = p.step;
   };
   auto evaluate_and_log = [&](Split split, const EvalProtocol& proto, int64_t epoch) {
+    SEQREC_PROFILE_SCOPE("seqrec::evaluation");
     EvalOptions eval = o.eval;
     eval.lockstep = layout.lockstep;
     auto r = evaluate(*model, seqs, meta, split, proto, eval, comm, popularity.empty() ? nullptr : &popularity);
@@ -582,6 +586,28 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   double loss_acc = 0, targets_acc = 0, users_acc = 0;
   auto interval_start = Clock::now();
   bool stop_signal = false;
+  // --profile_steps: steps of this sitting run under Torch's profiler, after a warm-up.
+  int64_t sitting_steps = 0;
+  bool profiling = false;
+  auto profile_start = Clock::now();
+  int64_t profile_first_step = 0;
+  auto finish_profile = [&] {
+    const double wall_us = seconds_since(profile_start) * 1e6;
+    const auto profile = stop_profile();
+    profiling = false;
+    const int64_t steps = p.step - profile_first_step;
+    const std::string what = std::to_string(steps) + " training step(s), " + std::to_string(profile_first_step + 1) +
+                             " to " + std::to_string(p.step) + ", rank " + std::to_string(rank) + ", " +
+                             std::to_string(at::get_num_threads()) + " thread(s)";
+    const std::string path = o.out + "/profile-rank" + std::to_string(rank) + ".txt";
+    std::ofstream(path) << "profile of " << what << " (times in ms, all ops)\n" << format_profile(profile, wall_us, 1 << 30, 25);
+    if (rank == 0) {
+      log.line("[profile] " + what + ", " + fmt(wall_us / 1000.0 / std::max<int64_t>(steps, 1), 1) +
+               " ms per step; every op in " + path + "; the largest by self time:");
+      std::istringstream table(format_profile(profile, wall_us, 15));
+      for (std::string line; std::getline(table, line);) log.line("[profile] " + line);
+    }
+  };
   for (;;) {
     const io::Cursor c = loader.cursor();
     const bool epoch_boundary = c.step == 0 && c.epoch > 0;
@@ -628,9 +654,18 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
     }
 
     // 4. One training step.
+    if (o.profile_steps > 0 && sitting_steps == o.profile_after && !profiling) {
+      start_profile();
+      profiling = true;
+      profile_start = Clock::now();
+      profile_first_step = p.step;
+    }
     const auto t_step = Clock::now();
     model->set_training(true);
-    io::TrainBatch batch = loader.next();
+    io::TrainBatch batch = [&] {
+      SEQREC_PROFILE_SCOPE("seqrec::loader");
+      return loader.next();
+    }();
     if (mo.objective == "cloze") batch = cloze_batch(batch, o.mask_prob, o.seed, models::mask_item(mo));
     const double local_targets = static_cast<double>(batch.pos.ne(0).sum().item<int64_t>());
     // One small all-reduce: global target count, stop flag, and rank 0's "print now".
@@ -645,12 +680,20 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
     double local_loss = 0;
     if (local_targets > 0 || layout.lockstep) {
       const auto users = user_input(batch.users, seqs, meta);
-      auto loss = batch_loss_sum(*model, batch, users, o.loss, o.length_groups, /*whole=*/moe, local_targets,
-                                 std::min<int64_t>(o.softmax_keep_mib, int64_t{1} << 40) << 20) / global_targets;
-      loss.backward();
+      at::Tensor loss;
+      {
+        SEQREC_PROFILE_SCOPE("seqrec::forward");
+        loss = batch_loss_sum(*model, batch, users, o.loss, o.length_groups, /*whole=*/moe, local_targets,
+                              std::min<int64_t>(o.softmax_keep_mib, int64_t{1} << 40) << 20) / global_targets;
+      }
+      {
+        SEQREC_PROFILE_SCOPE("seqrec::backward");
+        loss.backward();
+      }
       local_loss = loss.item<double>() * global_targets;
     }
     if (world > 1) {
+      SEQREC_PROFILE_SCOPE("seqrec::gradient_all_reduce");
       // The loss is already divided by the global target count, so the sum of the ranks'
       // gradients is the gradient of the global mean. An expert's gradient is complete on its
       // owner (its group's tokens came to it); replicas in other groups add theirs.
@@ -671,8 +714,11 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
       }
       clip_grad_norm(replicated, o.clip_norm, extra, sharded);
     }
-    adam.step(lr_at(o, p.step));
-    adam.zero_grad();
+    {
+      SEQREC_PROFILE_SCOPE("seqrec::optimizer");
+      adam.step(lr_at(o, p.step));
+      adam.zero_grad();
+    }
     // Statistics-driven updates (EMA codebooks): every rank's sums, all-reduced, then applied
     // identically everywhere, so N ranks x batch b update as 1 rank x batch N·b.
     if (auto stats = model->pending_statistics(); !stats.empty()) {
@@ -680,6 +726,8 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
       model->apply_statistics();
     }
     ++p.step;
+    ++sitting_steps;
+    if (profiling && sitting_steps == o.profile_after + o.profile_steps) finish_profile();
     if (fault.step == p.step && fault.rank == rank) inject_divergence(*model, fault);
     if (o.replica_check_every > 0 && p.step % o.replica_check_every == 0)
       check_replicas("at step " + std::to_string(p.step));
@@ -711,6 +759,7 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
     }
   }
 
+  if (profiling) finish_profile();  // the run ended before the profiled steps did
   summary.steps = p.step;
   summary.epochs_completed = loader.cursor().epoch;
   summary.best_epoch = p.best_epoch;

@@ -46,6 +46,8 @@ struct TrainOptions {
   int64_t max_steps = 0;            // stop after this many optimizer steps in total; 0 = no limit
   bool final_test = true;           // evaluate the selected model on the test split at the end
   double log_every_seconds = 10;
+  int64_t profile_steps = 0;        // profile this many training steps of the sitting (0 = none)
+  int64_t profile_after = 5;        // ... after this many (warm-up: caches, allocator, BLAS buffers)
   uint64_t seed = 42;               // dropout stream (per rank) and evaluation negatives
   std::string config_text;          // the effective flags, checked identical on every rank
   std::function<bool()> stop_requested;  // e.g. set by SIGTERM/SIGUSR1: checkpoint and stop

@@ -421,6 +421,8 @@ TEST_F(Cli, InvalidFlagsGetAClearErrorAndExitCode) {
       {t + "--select_metric AUC", "--select_metric"},
       {t + "--host_allocator tcmalloc", "--host_allocator must be 'caching' or 'system', got 'tcmalloc'"},
       {t + "--softmax_keep_mib -1", "--softmax_keep_mib must be >= 0"},
+      {t + "--profile_steps -2", "--profile_steps must be >= 0"},
+      {t + "--profile_steps 2 --profile_after -1", "--profile_after must be >= 0"},
       {"prepare --format nosuch --input x --out y", "nosuch"},
       {"prepare --format sasrec --input /nonexistent/file.txt --out " + dir("never"), "/nonexistent/file.txt"},
       {"prepare --format sasrec --input x --out y --lr 0.1", "does not apply"},
@@ -435,6 +437,32 @@ TEST_F(Cli, InvalidFlagsGetAClearErrorAndExitCode) {
     EXPECT_TRUE(contains(r.output, c.expect)) << c.args << "\n" << r.output;
   }
   EXPECT_FALSE(fs::exists(dir("never")));
+}
+
+// --profile_steps: the chosen training steps run under Torch's profiler; rank 0 logs the largest
+// ops and the seqrec regions, and the whole table goes to the run directory. A run that ends
+// first reports the steps it profiled.
+TEST_F(Cli, ProfilesTheRequestedTrainingSteps) {
+  const std::string run = dir("profile");
+  auto r = run_seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall +
+                      "--max_steps 6 --profile_steps 3 --profile_after 2 --final_test=false", 300);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[profile] 3 training step(s), 3 to 5, rank 0, 1 thread(s)")) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex(R"(\[profile\] +[0-9.]+ +[0-9.]+% +[0-9.]+ +[0-9]+ +aten::)"))) << r.output;
+  auto table = read_lines(run + "/profile-rank0.txt");
+  std::string text;
+  for (auto& l : table) text += l + "\n";
+  for (const char* region : {"seqrec::forward", "seqrec::backward", "seqrec::attention", "seqrec::feed_forward",
+                             "seqrec::loss", "seqrec::optimizer", "directly in seqrec::attention"})
+    EXPECT_TRUE(contains(text, region)) << region << "\n" << text;
+  EXPECT_FALSE(contains(text, "seqrec::evaluation")) << "no validation in steps 3-5:\n" << text;
+
+  const std::string early = dir("profile-early");
+  auto e = run_seqrec("train --data " + data() + " --out " + early + " " + kTrainSmall +
+                      "--max_steps 4 --profile_steps 10 --profile_after 2 --final_test=false", 300);
+  ASSERT_EQ(e.code, 0) << e.output;
+  EXPECT_TRUE(contains(e.output, "[profile] 2 training step(s), 3 to 4")) << e.output;
+  EXPECT_TRUE(fs::exists(early + "/profile-rank0.txt"));
 }
 
 TEST_F(Cli, HelpListsOnlyTheSubcommandsFlags) {
