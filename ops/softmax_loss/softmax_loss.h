@@ -4,7 +4,7 @@
 // - when the [T, N] probabilities fit in keep_bytes, the forward keeps them (written in place
 //   of the logits) and the backward uses them: three [chunk, D] x [D, N]-sized products per
 //   chunk in all;
-// - otherwise it saves only the hidden states and per-row log-normalisers and recomputes each
+// - otherwise it saves only the hidden states and each row's maximum and sum and recomputes each
 //   chunk's logits: peak memory O(chunk·N + T) instead of O(T·N) (at ML-1M's 25,600 slots x
 //   3,417 items, 350 MB of logits), for a fourth product per chunk. A catalogue of millions of
 //   items always takes this way.

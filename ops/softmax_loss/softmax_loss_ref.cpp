@@ -17,14 +17,25 @@ at::Tensor chunk_logits(const at::Tensor& hidden, const at::Tensor& table, int64
   return logits;
 }
 
+// Turns each row of `logits` [n, N + 1] into its softmax in place (exp(x - max) / sum, one exp
+// per element) and returns the row maxima and sums [n, 2]: the log-normaliser is max + log(sum).
+// The recomputing backward repeats exactly these steps, so both ways give the same bits.
+at::Tensor softmax_rows_(at::Tensor& logits) {
+  auto m = logits.amax(1, /*keepdim=*/true);
+  logits.sub_(m).exp_();
+  auto sum = logits.sum(1, /*keepdim=*/true);
+  logits.div_(sum);
+  return torch::cat({m, sum}, 1);
+}
+
 struct ChunkedSoftmaxLoss : public torch::autograd::Function<ChunkedSoftmaxLoss> {
   // keep: the forward stores every row's probabilities ([T, N + 1], computed in place of the
-  // logits) and the backward uses them, consuming them in place; otherwise it saves only the
-  // per-row log-normalisers and recomputes each chunk's logits.
+  // logits) and the backward uses them, consuming them in place; otherwise it saves only each
+  // row's maximum and sum ([T, 2]) and recomputes each chunk's probabilities from its logits.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& table,
                             const at::Tensor& targets, int64_t chunk, bool keep) {
     const int64_t T = hidden.size(0);
-    auto lse = torch::empty({T}, hidden.options());
+    auto norm = torch::empty({T, 2}, hidden.options());
     auto probs = keep ? torch::empty({T, table.size(0)}, hidden.options()) : at::Tensor();
     auto total = torch::zeros({}, hidden.options().dtype(at::kDouble));
     for (int64_t r0 = 0; r0 < T; r0 += chunk) {
@@ -37,12 +48,13 @@ struct ChunkedSoftmaxLoss : public torch::autograd::Function<ChunkedSoftmaxLoss>
       } else {
         logits = chunk_logits(hidden, table, r0, n);
       }
-      auto l = torch::logsumexp(logits, 1);
-      lse.narrow(0, r0, n).copy_(l);
-      total += (l - logits.gather(1, targets.narrow(0, r0, n).unsqueeze(1)).squeeze(1)).sum().to(at::kDouble);
-      if (keep) logits.sub_(l.unsqueeze(1)).exp_();
+      auto target_logit = logits.gather(1, targets.narrow(0, r0, n).unsqueeze(1)).squeeze(1);
+      auto mn = norm.narrow(0, r0, n);
+      mn.copy_(softmax_rows_(logits));
+      auto lse = mn.select(1, 0) + mn.select(1, 1).log();
+      total += (lse - target_logit).sum().to(at::kDouble);
     }
-    ctx->save_for_backward({hidden, table, targets, keep ? probs : lse});
+    ctx->save_for_backward({hidden, table, targets, keep ? probs : norm});
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["keep"] = keep;
     return total.to(hidden.scalar_type());
@@ -61,11 +73,18 @@ struct ChunkedSoftmaxLoss : public torch::autograd::Function<ChunkedSoftmaxLoss>
       // d/dlogits = softmax - onehot(target), times the incoming gradient. The kept
       // probabilities are consumed in place (a second backward through this node then fails
       // autograd's version check rather than reading them altered).
-      auto p = keep ? saved[3].narrow(0, r0, n)
-                    : (chunk_logits(hidden, table, r0, n) - saved[3].narrow(0, r0, n).unsqueeze(1)).exp_();
+      at::Tensor p;
+      if (keep) {
+        p = saved[3].narrow(0, r0, n);
+      } else {
+        p = chunk_logits(hidden, table, r0, n);
+        const auto mn = saved[3].narrow(0, r0, n);
+        p.sub_(mn.narrow(1, 0, 1)).exp_().div_(mn.narrow(1, 1, 1));
+      }
       p.scatter_add_(1, targets.narrow(0, r0, n).unsqueeze(1), -torch::ones({n, 1}, p.options()));
       p.mul_(g);
-      grad_hidden.narrow(0, r0, n).copy_(p.mm(table));
+      auto gh = grad_hidden.narrow(0, r0, n);
+      at::mm_out(gh, p, table);
       grad_table.addmm_(p.t(), hidden.narrow(0, r0, n));
     }
     return {grad_hidden, grad_table, at::Tensor(), at::Tensor(), at::Tensor()};
