@@ -177,11 +177,20 @@ at::Tensor gated_attention_by_length(const at::Tensor& q, const at::Tensor& k, c
     return gated_attention(q, k, v, key_padding, o);
   const auto cut = slice_by_length(lengths, groups);
   if (cut.shortest == L) return gated_attention(q, k, v, key_padding, o);
+  // One gather of the rows in slice order and one split (their backwards: one scatter and one
+  // concatenation), rather than a gather per slice, whose backward would fill a whole-batch
+  // gradient for every slice.
+  std::vector<int64_t> sizes;
+  for (const auto& slice : cut.slices) sizes.push_back(slice.rows.size(0));
+  const auto rows = cut.order.narrow(0, 0, cut.covered);
+  auto split = [&](const at::Tensor& t) { return t.index_select(0, rows).split_with_sizes(sizes, 0); };
+  const auto qs = split(q), ks = split(k), vs = split(v), pads = split(key_padding);
   std::vector<at::Tensor> parts;
-  for (const auto& slice : cut.slices) {
-    auto out = gated_attention(take_slice(q, slice, 2), take_slice(k, slice, 2), take_slice(v, slice, 2),
-                               take_slice(key_padding, slice, 1), o);
-    parts.push_back(slice.width == L ? out : torch::constant_pad_nd(out, {0, 0, L - slice.width, 0}));
+  for (size_t i = 0; i < cut.slices.size(); ++i) {
+    const int64_t width = cut.slices[i].width;
+    auto cols = [&](const at::Tensor& t, int64_t dim) { return t.narrow(dim, L - width, width); };
+    auto out = gated_attention(cols(qs[i], 2), cols(ks[i], 2), cols(vs[i], 2), cols(pads[i], 1), o);
+    parts.push_back(width == L ? out : torch::constant_pad_nd(out, {0, 0, L - width, 0}));
   }
   if (cut.covered < B) parts.push_back(torch::zeros({B - cut.covered, v.size(1), L, v.size(3)}, v.options()));
   return torch::cat(parts, 0).index_select(0, inverse_order(cut.order));
