@@ -56,8 +56,10 @@ class UserEncoderImpl : public torch::nn::Module {
 // gives the table that hidden states are scored against (LISA's codebook quantizers).
 class InputCoderImpl : public torch::nn::Module {
  public:
-  // scaled [B, L, D] = item_emb(ids)·sqrt(D); ids [B, L] (0 = padding).
-  virtual at::Tensor encode_input(const at::Tensor& scaled, const at::Tensor& ids, AttentionContext& ctx) = 0;
+  // scaled [B, L, D] = item_emb(ids)·sqrt(D); ids [B, L] (0 = padding); item_table: the raw
+  // table the ids index, as targets() receives it.
+  virtual at::Tensor encode_input(const at::Tensor& scaled, const at::Tensor& ids, const at::Tensor& item_table,
+                                  AttentionContext& ctx) = 0;
   // [num_items + 1, D] from the raw item table.
   virtual at::Tensor targets(const at::Tensor& item_table) = 0;
   virtual void initialise(at::Generator& gen) { (void)gen; }

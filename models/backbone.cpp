@@ -144,7 +144,7 @@ class TransformerRecImpl : public torch::nn::Module {
   }
 
   at::Tensor item_embeddings() {
-    auto table = cloze_ ? items_->weight.narrow(0, 0, o_.num_items + 1) : items_->weight;
+    auto table = target_table();
     return coder_ ? coder_->targets(table) : table;
   }
   at::Tensor raw_item_table() { return items_->weight; }
@@ -152,6 +152,9 @@ class TransformerRecImpl : public torch::nn::Module {
   InputCoderImpl* coder() { return coder_.get(); }
 
  private:
+  // The rows that are scored: every item but the cloze objective's [mask].
+  at::Tensor target_table() { return cloze_ ? items_->weight.narrow(0, 0, o_.num_items + 1) : items_->weight; }
+
   at::Tensor embed(const at::Tensor& input, const UserInput& users, AttentionContext& ctx, at::Tensor& keep) {
     TORCH_CHECK(input.dim() == 2 && input.scalar_type() == at::kLong, "input must be [B, L] int64, got ",
                 input.sizes(), " ", input.scalar_type());
@@ -166,7 +169,7 @@ class TransformerRecImpl : public torch::nn::Module {
     // position whatever the padding (sequences are left-padded).
     ctx.positions = positions_(torch::arange(o_.max_len - L, o_.max_len, input.options()));
     auto x = items_(input) * std::sqrt(static_cast<double>(o_.hidden));
-    if (coder_) x = coder_->encode_input(x, input, ctx);
+    if (coder_) x = coder_->encode_input(x, input, target_table(), ctx);
     if (positions_at_input_) x = x + ctx.positions.unsqueeze(0);
     return ops::dropout(x, o_.dropout, is_training()) * keep;
   }

@@ -1,11 +1,14 @@
 // LISA-specific behaviour beyond the model contract (test_models.cpp): the compression ratio is
 // the paper's Table 2 formula, EMA codebook statistics are additive (two half batches summed =
 // one whole batch, the property the all-reduce relies on), the EMA state is a checkpointed
-// buffer, the inputs-optimize term, and variant options that must be named in errors.
+// buffer, the inputs-optimize term, Base's codes shared between targets and inputs, and variant
+// options that must be named in errors.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "models/model.h"
+#include "ops/profile_scope.h"
+#include "train/profiler.h"
 
 namespace {
 using namespace seqrec::models;
@@ -143,6 +146,86 @@ TEST(Lisa, RowsSharingItemsAreEncodedAsIfAlone) {
   const double real_slots = static_cast<double>(x.ne(0).sum().item<int64_t>());
   auto counts = m->pending_statistics().at(0);  // [codebooks, codewords]
   EXPECT_DOUBLE_EQ(counts.sum().item<double>(), real_slots * o.codebooks);
+}
+
+// LISA-Base (gradient codebooks) quantizes every item for the targets; a forward that asks for
+// the targets first gathers its inputs' codes from them instead of quantizing the inputs again.
+// Outputs, loss and every gradient equal those of the inputs-first order (which cannot share), in
+// training and evaluation, with the inputs-optimize term; the saved work is real (fewer matrix
+// products, counted by the profiler); and the codes are not reused after a backward has gone
+// through them or after a parameter changed.
+TEST(Lisa, BaseInputsReuseTheTargetsCodes) {
+  auto o = lisa("base");
+  o.lisa_commitment = 0.01;
+  auto m = make_model(o);
+  auto x = batch(6, 16, 4);
+  auto pos = batch(6, 16, 5);
+  auto step = [&](bool targets_first, int64_t* products) {
+    for (auto& [n, p] : m->named_parameters()) p.mutable_grad() = at::Tensor();
+    if (products) seqrec::train::start_profile();
+    at::Tensor table, h;
+    if (targets_first) {
+      table = m->item_embeddings();
+      h = m->encode(x);
+    } else {
+      h = m->encode(x);
+      table = m->item_embeddings();
+    }
+    if (products) {
+      *products = 0;
+      for (const auto& r : seqrec::train::stop_profile().rows)
+        if (r.name == "aten::mm") *products = r.calls;
+    }
+    auto mask = pos.ne(0);
+    auto loss = (h.index({mask}) * table.index_select(0, pos.index({mask}))).sum(-1).sigmoid().sum();
+    if (auto aux = m->take_auxiliary_loss(); aux.defined()) loss = loss + aux;
+    std::vector<at::Tensor> g;
+    if (at::GradMode::is_enabled()) {
+      loss.backward();
+      for (auto& [n, p] : m->named_parameters()) g.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+    }
+    return std::make_tuple(h.detach(), loss.detach(), g);
+  };
+  m->set_training(true);
+  int64_t separate_mm = 0, shared_mm = 0;
+  auto [h0, l0, g0] = step(false, &separate_mm);
+  auto [h1, l1, g1] = step(true, &shared_mm);
+  EXPECT_TRUE(torch::allclose(h1, h0, 1e-5, 1e-6)) << (h1 - h0).abs().max().item<double>();
+  EXPECT_NEAR(l1.item<double>(), l0.item<double>(), 1e-5 * std::abs(l0.item<double>()));
+  auto names = m->named_parameters();
+  for (size_t i = 0; i < g0.size(); ++i)
+    EXPECT_TRUE(torch::allclose(g1[i], g0[i], 1e-4, 1e-6)) << names[i].first;
+  // Inputs quantized again: 3 products per codebook more.
+  EXPECT_EQ(separate_mm - shared_mm, 3 * o.codebooks) << separate_mm << " against " << shared_mm;
+  // After that backward the same parameters are still current; the codes' graph is spent, so a
+  // new forward quantizes afresh (and its backward works).
+  auto [h2, l2, g2] = step(true, nullptr);
+  EXPECT_TRUE(torch::allclose(h2, h1, 1e-6, 1e-7));
+  // A parameter that changes in place (as the optimizer's step does) invalidates the codes.
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& [n, p] : m->named_parameters())
+      if (n.find("codebooks") != std::string::npos) p.mul_(1.5);
+  }
+  auto [h3, l3, g3] = step(true, nullptr);
+  auto [h4, l4, g4] = step(false, nullptr);
+  EXPECT_FALSE(torch::allclose(h3, h1, 1e-4, 1e-5)) << "the change shows";
+  EXPECT_TRUE(torch::allclose(h3, h4, 1e-5, 1e-6)) << (h3 - h4).abs().max().item<double>();
+  // Evaluation mode, no grad: the same.
+  m->set_training(false);
+  torch::NoGradGuard no_grad;
+  auto [e0, el0, eg0] = step(false, &separate_mm);
+  auto [e1, el1, eg1] = step(true, &shared_mm);
+  EXPECT_TRUE(torch::allclose(e1, e0, 1e-5, 1e-6));
+  EXPECT_LT(shared_mm, separate_mm);
+  // Without autograd nothing consumes the codes: only the parameters' versions tell that the
+  // codes remembered by the last targets() are stale for an inputs-first forward.
+  for (auto& [n, p] : m->named_parameters())
+    if (n.find("codebooks") != std::string::npos) p.mul_(0.5);
+  auto [e2, el2, eg2] = step(false, nullptr);
+  auto [e3, el3, eg3] = step(true, nullptr);
+  EXPECT_FALSE(torch::allclose(e2, e1, 1e-4, 1e-5)) << "stale codes were reused";
+  EXPECT_TRUE(torch::allclose(e2, e3, 1e-5, 1e-6));
 }
 
 TEST(Lisa, EmaUpdateMovesCodebooksTowardsAssignedResiduals) {
