@@ -259,6 +259,21 @@ std::string describe_run(const std::string& dir) {
       << (tested ? "finished" : stop_line.empty() ? "in progress or interrupted (no test evaluation yet)" : "stopped")
       << (stop_line.empty() ? "" : " (" + stop_line + ")") << "\n";
 
+  // The selection metric at every validation under the selection protocol (the last record of
+  // an epoch that was validated twice, as after a resume from an earlier checkpoint).
+  if (!select_metric.empty()) {
+    std::map<int64_t, double> curve;
+    for (const auto& r : records)
+      if (r.text.count("split") && r.text.at("split") == "valid" && r.numbers.count("epoch") &&
+          r.numbers.count(select_metric) && r.text.count("candidates") && r.text.at("candidates") == select_candidates)
+        curve[static_cast<int64_t>(r.numbers.at("epoch"))] = r.numbers.at(select_metric);
+    if (!curve.empty()) {
+      out << "  valid " << select_metric << " by epoch:";
+      for (const auto& [epoch, v] : curve) out << " " << epoch << ":" << fixed(v, 4);
+      out << "\n";
+    }
+  }
+
   // The selected model, with every protocol validated at its epoch.
   if (selected_epoch >= 0) {
     out << "  selected on valid " << select_metric << (select_candidates.empty() ? "" : " under \"" + select_candidates + "\"")

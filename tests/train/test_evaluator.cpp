@@ -229,6 +229,8 @@ TEST(RunSummary, DescribesSelectionTestAndStatus) {
   EXPECT_NE(text.find("\"full ranking\" (tie=pessimistic, users=6040): HR@10=0.5000 NDCG@10=0.0600 MRR=0.2500 tied=0.0000"),
             std::string::npos) << text;
   EXPECT_EQ(text.find("NDCG@10=0.5900"), std::string::npos) << "epoch 10 was not selected: " << text;
+  EXPECT_NE(text.find("valid NDCG@10 by epoch: 5:0.6000 10:0.5900\n"), std::string::npos)
+      << "the selection protocol's curve, not the full-ranking one: " << text;
   EXPECT_EQ(text.find("test ("), std::string::npos) << text;
   EXPECT_NE(text.find("time: 14.37 s/epoch training"), std::string::npos) << text;
   EXPECT_NE(text.find("peak RSS/rank 513 MiB"), std::string::npos) << text;
