@@ -278,7 +278,8 @@ int cmd_info(const std::vector<std::string>& positional) {
   }
   std::string dir = path;
   // A run directory: its results first, then its newest checkpoint.
-  if (train::is_run_directory(path)) std::printf("%s\n", train::describe_run(path).c_str());
+  const bool run = train::is_run_directory(path);
+  if (run) std::printf("%s\n", train::describe_run(path).c_str());
   if (!fs::exists(fs::path(path) / "MANIFEST")) {
     // A run directory or a checkpoints directory: show its newest complete checkpoint.
     auto comm = dist::make_local_comm();
@@ -290,7 +291,12 @@ int cmd_info(const std::vector<std::string>& positional) {
       }
     }
   }
-  require(fs::exists(fs::path(dir) / "MANIFEST"), "'" + path + "' is neither a dataset (meta.h5) nor a checkpoint");
+  if (run && !fs::exists(fs::path(dir) / "MANIFEST")) {
+    std::printf("checkpoint: none complete in %s/checkpoints\n", path.c_str());
+    return 0;
+  }
+  require(fs::exists(fs::path(dir) / "MANIFEST"),
+          "'" + path + "' is neither a dataset (meta.h5), a run directory (train.log) nor a checkpoint");
   train::verify_checkpoint(dir);
   auto bundle = train::read_bundle_file(dir + "/shared.bin");
   std::printf("checkpoint: %s\n", dir.c_str());

@@ -86,14 +86,18 @@ std::vector<double> item_popularity(const io::UserSequences& seqs, const io::Dat
   return std::vector<double>(c, c + meta.num_items + 1);
 }
 
-EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
-                    const io::DatasetMeta& meta, Split split, const EvalProtocol& protocol,
-                    const EvalOptions& options, dist::Comm& comm, const std::vector<double>* popularity) {
-  const auto t0 = std::chrono::steady_clock::now();
+void check_protocol(const EvalProtocol& protocol, const io::DatasetMeta& meta) {
   if (protocol.sampled && protocol.negatives >= meta.num_items)
     throw std::invalid_argument("sampled evaluation needs fewer negatives (" +
                                 std::to_string(protocol.negatives) + ") than items (" +
                                 std::to_string(meta.num_items) + ")");
+}
+
+EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
+                    const io::DatasetMeta& meta, Split split, const EvalProtocol& protocol,
+                    const EvalOptions& options, dist::Comm& comm, const std::vector<double>* popularity) {
+  const auto t0 = std::chrono::steady_clock::now();
+  check_protocol(protocol, meta);
   if (protocol.sampled && protocol.popularity && !popularity)
     throw std::invalid_argument("popularity-sampled evaluation needs item popularity counts");
   // Inference mode: no autograd records and no version-counter bookkeeping for the pass.

@@ -53,6 +53,10 @@ struct EvalResult {
 std::vector<double> item_popularity(const io::UserSequences& seqs, const io::DatasetMeta& meta,
                                     dist::Comm& comm);
 
+// Throws std::invalid_argument when `protocol` cannot be run on the dataset (more sampled
+// negatives than items); evaluate() checks it too, the trainer before its first step.
+void check_protocol(const EvalProtocol& protocol, const io::DatasetMeta& meta);
+
 // Collective over `comm`: each rank scores the users it owns; sums are all-reduced.
 EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
                     const io::DatasetMeta& meta, Split split, const EvalProtocol& protocol,

@@ -188,7 +188,8 @@ std::string describe_run(const std::string& dir) {
     }
   }
   // train.log: the facts the trainer states in words. A sitting starts at each "[setup] dataset=".
-  std::string model, select_metric, select_candidates, last_select, test_line, stop_line, done_time;
+  std::string model, log_dataset, select_metric, select_candidates, last_select, test_line, stop_line, error_line,
+      done_time;
   int64_t sittings = 0, last_epoch = -1, epochs = -1, last_step = -1, selected_epoch = -1;
   double peak_rss = -1;
   {
@@ -197,7 +198,9 @@ std::string describe_run(const std::string& dir) {
     while (std::getline(in, line)) {
       if (starts_with(line, "[setup] dataset=")) {
         ++sittings;
+        log_dataset = field_after(line, "dataset=");
         stop_line.clear();
+        error_line.clear();
       } else if (starts_with(line, "[setup] model=")) {
         model = field_after(line, "model=");
       } else if (starts_with(line, "[setup] model selection: valid ")) {
@@ -217,6 +220,8 @@ std::string describe_run(const std::string& dir) {
         last_step = std::atoll(field_after(line, " step ").c_str());
       } else if (starts_with(line, "[stop] ")) {
         stop_line = line.substr(7);
+      } else if (starts_with(line, "[error] ")) {
+        error_line = line.substr(8);
       } else if (starts_with(line, "[done] steps=")) {
         last_step = std::atoll(field_after(line, "steps=").c_str());
         done_time = field_after(line, "train time/epoch=");
@@ -234,7 +239,7 @@ std::string describe_run(const std::string& dir) {
   }
 
   std::ostringstream out;
-  std::string dataset;
+  std::string dataset = log_dataset;
   for (const auto& r : records)
     if (r.text.count("dataset")) dataset = r.text.at("dataset");
   out << "run: " << dir << "\n";
@@ -255,9 +260,13 @@ std::string describe_run(const std::string& dir) {
   out << "; " << validations << " validation(s)" << (last_valid >= 0 ? ", the last at epoch " + std::to_string(last_valid) : "")
       << "\n";
   const bool tested = !test_line.empty();
-  out << "  status: "
-      << (tested ? "finished" : stop_line.empty() ? "in progress or interrupted (no test evaluation yet)" : "stopped")
-      << (stop_line.empty() ? "" : " (" + stop_line + ")") << "\n";
+  out << "  status: ";
+  if (!error_line.empty())
+    out << "failed (" << error_line << ")";
+  else
+    out << (tested ? "finished" : stop_line.empty() ? "in progress or interrupted (no test evaluation yet)" : "stopped")
+        << (stop_line.empty() ? "" : " (" + stop_line + ")");
+  out << "\n";
 
   // The selection metric at every validation under the selection protocol (the last record of
   // an epoch that was validated twice, as after a resume from an earlier checkpoint).

@@ -73,6 +73,12 @@ class RunLog {
     log_ << s << "\n";
     log_.flush();
   }
+  // To the log file only (the launcher prints errors to stderr itself).
+  void record(const std::string& s) {
+    if (!active_) return;
+    log_ << s << "\n";
+    log_.flush();
+  }
   void metrics(const std::string& json) {
     if (!active_) return;
     metrics_ << json << "\n";
@@ -385,21 +391,14 @@ void inject_divergence(models::SequenceModel& model, const DivergeFault& f) {
 
 }  // namespace
 
-TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
+// The run proper, once the run directory is this invocation's (run_training below).
+static TrainSummary train_run(const TrainOptions& o, dist::Comm& comm, RunLog& log) {
   const int rank = comm.rank(), world = comm.size();
-  dist::check_same_config(comm, o.config_text);
   const DivergeFault fault = diverge_fault_from_env();
 
-  if (rank == 0) {
-    fs::create_directories(o.out);
-    std::ofstream flags(o.out + "/flags.txt");
-    flags << o.config_text;
-    if (!flags) throw std::runtime_error("cannot write " + o.out + "/flags.txt");
-  }
-  comm.barrier();
-  RunLog log(o.out, rank == 0);
-
   const io::DatasetMeta meta = io::read_meta(o.data);
+  // A protocol that cannot run on this dataset fails now, not at the first validation.
+  check_protocol(o.select_protocol, meta);
   const io::UserSequences seqs = io::load_shards(o.data, meta, rank, world);
   models::ModelOptions mo = o.model;
   mo.num_items = meta.num_items;
@@ -481,9 +480,6 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
     if (!resume_from) log.line("[resume] no complete checkpoint in " + o.out + "/checkpoints: starting fresh");
   } else if (!o.resume.empty()) {
     resume_from = resolve_checkpoint(o.resume, comm);
-  } else if (ckpt.latest()) {
-    throw std::runtime_error("run directory " + o.out +
-                             " already holds checkpoints: pass --resume auto to continue it, or a new --out");
   }
   if (resume_from) {
     auto loaded = ckpt.load(*resume_from);
@@ -801,6 +797,31 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
     }
   }
   return summary;
+}
+
+TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
+  dist::check_same_config(comm, o.config_text);
+  // A directory that holds a run's checkpoints belongs to that run: without --resume nothing
+  // in it is touched, flags.txt and train.log included.
+  if (o.resume.empty() && CheckpointManager({o.out + "/checkpoints", 1}, comm).latest())
+    throw std::runtime_error("run directory " + o.out +
+                             " already holds checkpoints: pass --resume auto to continue it, or a new --out");
+  if (comm.rank() == 0) {
+    fs::create_directories(o.out);
+    std::ofstream flags(o.out + "/flags.txt");
+    flags << o.config_text;
+    if (!flags) throw std::runtime_error("cannot write " + o.out + "/flags.txt");
+  }
+  comm.barrier();
+  RunLog log(o.out, comm.rank() == 0);
+  // From here on the directory is this run's: what ends it early is also written to its log,
+  // where `seqrec info RUN` finds it.
+  try {
+    return train_run(o, comm, log);
+  } catch (const std::exception& e) {
+    log.record(std::string("[error] ") + e.what());
+    throw;
+  }
 }
 
 void run_evaluation(const std::string& checkpoint_dir, const std::string& data, Split split,

@@ -229,7 +229,7 @@ TEST_F(Cli, LengthGroupsChangeTheWorkNotTheResult) {
   // parameters by far more than 1e-6. FLASH4Rec (its mixture of experts runs the batch whole,
   // so only its gated attention slices it) without Top-K dropout, whose random bits are drawn
   // per slice.
-  for (const std::string model :
+  for (const std::string& model :
        {std::string(), std::string("--model flash4rec --flash_user zero --moe_experts 2 --topk_dropout 0 ")}) {
     const std::string common = "train --data " + data() + " " + kTrainSmall + model +
                                "--dropout 0 --adam_eps 1 --max_steps 8 --final_test=false --epochs 5 ";
@@ -294,13 +294,48 @@ TEST_F(Cli, SoftmaxKeepChangesTheWorkNotTheResult) {
   }
 }
 
+// A second run into a directory that holds checkpoints is refused, and touches nothing there:
+// the run's flags.txt and train.log stay as they were.
 TEST_F(Cli, RefusesToOverwriteARunWithoutResume) {
   const std::string run = dir("twice");
   const std::string cmd = "train --data " + data() + " --out " + run + " " + kTrainSmall + "--max_steps 2 --final_test=false";
   ASSERT_EQ(run_seqrec(cmd).code, 0);
-  auto r = run_seqrec(cmd);
+  const auto read = [&](const std::string& name) {
+    std::ifstream in(run + "/" + name);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string flags = read("flags.txt"), log = read("train.log");
+  ASSERT_TRUE(contains(flags, "hidden=16")) << flags;
+  auto r = run_seqrec(cmd + " --hidden 24");
   EXPECT_NE(r.code, 0);
   EXPECT_TRUE(contains(r.output, "--resume auto")) << r.output;
+  EXPECT_EQ(read("flags.txt"), flags) << "the refused invocation rewrote the run's flags";
+  EXPECT_EQ(read("train.log"), log) << "the refused invocation wrote to the run's log";
+  auto info = run_seqrec("info " + run);
+  EXPECT_EQ(info.code, 0) << info.output;
+  EXPECT_FALSE(contains(info.output, "failed")) << info.output;
+}
+
+// A run that stops on an error says so in its log, and `seqrec info` reports it (exit 0: the
+// directory was read) even though the run saved no checkpoint. An evaluation protocol the
+// dataset cannot serve is such an error, found before the first step.
+TEST_F(Cli, AFailedRunSaysWhyInItsLogAndInfo) {
+  const std::string run = dir("failed");
+  auto r = run_seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall + "--max_steps 2 --eval_negatives 500");
+  ASSERT_NE(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "fewer negatives (500) than items (400)")) << r.output;
+  const auto log = read_lines(run + "/train.log");
+  ASSERT_FALSE(log.empty());
+  EXPECT_TRUE(contains(log.back(), "[error] sampled evaluation needs fewer negatives (500)")) << log.back();
+  for (const auto& line : log) EXPECT_FALSE(contains(line, "[done]")) << "the protocol is checked before training: " << line;
+  auto info = run_seqrec("info " + run);
+  EXPECT_EQ(info.code, 0) << info.output;
+  EXPECT_TRUE(contains(info.output, "status: failed (sampled evaluation needs fewer negatives (500)")) << info.output;
+  EXPECT_TRUE(contains(info.output, "checkpoint: none complete in " + run + "/checkpoints")) << info.output;
+  // Resumed with a valid flag, the run goes on and is no longer reported as failed.
+  ASSERT_EQ(run_seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall + "--epochs 1 --resume auto").code, 0);
+  info = run_seqrec("info " + run);
+  EXPECT_TRUE(contains(info.output, "status: finished")) << info.output;
 }
 
 TEST_F(Cli, BadCheckpointsAreRejectedAndEarlierOnesSurvive) {

@@ -254,6 +254,17 @@ TEST(RunSummary, DescribesSelectionTestAndStatus) {
   EXPECT_NE(text.find("NDCG@10=0.5700"), std::string::npos) << text;
   EXPECT_EQ(text.find("NDCG@10=0.5800"), std::string::npos) << "only the last evaluation: " << text;
 
+  // A sitting that ended on an error is reported as failed, with the error, until a later
+  // sitting starts.
+  const std::string finished_log = log_head + "[select] new best valid NDCG@10=0.6000 at epoch 5\n" +
+                                   "[test] model selected on valid NDCG@10 at epoch 5\n";
+  write("train.log", finished_log + log_head + "[error] checkpoint step-00000200: shared.bin is truncated\n");
+  text = train::describe_run(dir.string());
+  EXPECT_NE(text.find("status: failed (checkpoint step-00000200: shared.bin is truncated)"), std::string::npos) << text;
+  write("train.log", finished_log + log_head + "[error] x\n" + log_head + "[train] epoch 10/10 step 100 loss 1\n");
+  text = train::describe_run(dir.string());
+  EXPECT_EQ(text.find("failed"), std::string::npos) << "a later sitting started: " << text;
+
   std::ofstream(dir / "metrics.jsonl", std::ios::app) << "{\"split\":\"valid\",\"epoch\":\n";
   try {
     train::describe_run(dir.string());
@@ -262,6 +273,11 @@ TEST(RunSummary, DescribesSelectionTestAndStatus) {
     EXPECT_NE(std::string(e.what()).find("metrics.jsonl line 7: not a metrics record"), std::string::npos) << e.what();
   }
   EXPECT_TRUE(train::is_run_directory(dir.string()));
+  // The dataset's name from the log when no evaluation has been written yet.
+  fs::remove(dir / "metrics.jsonl");
+  write("train.log", "[setup] dataset=synth users=300\n[setup] model=sasrec params=1\n");
+  text = train::describe_run(dir.string());
+  EXPECT_NE(text.find("model: sasrec, dataset: synth, sittings: 1"), std::string::npos) << text;
   EXPECT_FALSE(train::is_run_directory((dir / "nothing").string()));
   fs::remove_all(dir);
 }
