@@ -195,7 +195,9 @@ std::string describe_run(const std::string& dir) {
   {
     std::ifstream in(fs::path(dir) / "train.log");
     std::string line;
+    bool error_continues = false;
     while (std::getline(in, line)) {
+      if (!starts_with(line, "[error] ")) error_continues = false;
       if (starts_with(line, "[setup] dataset=")) {
         ++sittings;
         log_dataset = field_after(line, "dataset=");
@@ -221,7 +223,15 @@ std::string describe_run(const std::string& dir) {
       } else if (starts_with(line, "[stop] ")) {
         stop_line = line.substr(7);
       } else if (starts_with(line, "[error] ")) {
-        error_line = line.substr(8);
+        // One error may take several lines (each prefixed), joined here; a later one replaces it.
+        std::string part = line.substr(8);
+        part.erase(0, part.find_first_not_of(" \t"));
+        if (error_continues && !error_line.empty())
+          error_line += (error_line.back() == ':' ? " " : "; ") + part;
+        else
+          error_line = part;
+        error_continues = true;
+        continue;
       } else if (starts_with(line, "[done] steps=")) {
         last_step = std::atoll(field_after(line, "steps=").c_str());
         done_time = field_after(line, "train time/epoch=");
@@ -253,8 +263,10 @@ std::string describe_run(const std::string& dir) {
     }
   out << "  trained: ";
   if (last_step >= 0)
-    out << last_step << " steps (the last progress line in epoch " << last_epoch
-        << (epochs > 0 ? " of " + std::to_string(epochs) : "") << ")";
+    out << last_step << " steps"
+        << (last_epoch >= 0 ? " (the last progress line in epoch " + std::to_string(last_epoch) +
+                                  (epochs > 0 ? " of " + std::to_string(epochs) : "") + ")"
+                            : "");
   else
     out << "no training step logged";
   out << "; " << validations << " validation(s)" << (last_valid >= 0 ? ", the last at epoch " + std::to_string(last_valid) : "")

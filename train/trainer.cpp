@@ -73,10 +73,12 @@ class RunLog {
     log_ << s << "\n";
     log_.flush();
   }
-  // To the log file only (the launcher prints errors to stderr itself).
-  void record(const std::string& s) {
+  // To the log file only (the launcher prints errors to stderr itself), every line of `text`
+  // behind `prefix`.
+  void record(const std::string& prefix, const std::string& text) {
     if (!active_) return;
-    log_ << s << "\n";
+    std::istringstream lines(text);
+    for (std::string l; std::getline(lines, l);) log_ << prefix << l << "\n";
     log_.flush();
   }
   void metrics(const std::string& json) {
@@ -392,13 +394,10 @@ void inject_divergence(models::SequenceModel& model, const DivergeFault& f) {
 }  // namespace
 
 // The run proper, once the run directory is this invocation's (run_training below).
-static TrainSummary train_run(const TrainOptions& o, dist::Comm& comm, RunLog& log) {
+static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta, dist::Comm& comm, RunLog& log) {
   const int rank = comm.rank(), world = comm.size();
   const DivergeFault fault = diverge_fault_from_env();
 
-  const io::DatasetMeta meta = io::read_meta(o.data);
-  // A protocol that cannot run on this dataset fails now, not at the first validation.
-  check_protocol(o.select_protocol, meta);
   const io::UserSequences seqs = io::load_shards(o.data, meta, rank, world);
   models::ModelOptions mo = o.model;
   mo.num_items = meta.num_items;
@@ -801,6 +800,10 @@ static TrainSummary train_run(const TrainOptions& o, dist::Comm& comm, RunLog& l
 
 TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   dist::check_same_config(comm, o.config_text);
+  // A missing dataset, or a protocol it cannot serve, fails before anything is written (and
+  // not at the first validation).
+  const io::DatasetMeta meta = io::read_meta(o.data);
+  check_protocol(o.select_protocol, meta);
   // A directory that holds a run's checkpoints belongs to that run: without --resume nothing
   // in it is touched, flags.txt and train.log included.
   if (o.resume.empty() && CheckpointManager({o.out + "/checkpoints", 1}, comm).latest())
@@ -817,9 +820,9 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   // From here on the directory is this run's: what ends it early is also written to its log,
   // where `seqrec info RUN` finds it.
   try {
-    return train_run(o, comm, log);
+    return train_run(o, meta, comm, log);
   } catch (const std::exception& e) {
-    log.record(std::string("[error] ") + e.what());
+    log.record("[error] ", e.what());
     throw;
   }
 }

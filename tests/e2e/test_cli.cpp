@@ -316,24 +316,40 @@ TEST_F(Cli, RefusesToOverwriteARunWithoutResume) {
   EXPECT_FALSE(contains(info.output, "failed")) << info.output;
 }
 
-// A run that stops on an error says so in its log, and `seqrec info` reports it (exit 0: the
-// directory was read) even though the run saved no checkpoint. An evaluation protocol the
-// dataset cannot serve is such an error, found before the first step.
-TEST_F(Cli, AFailedRunSaysWhyInItsLogAndInfo) {
-  const std::string run = dir("failed");
+// A run that cannot start on its dataset fails before it writes anything: a missing dataset, or
+// an evaluation protocol the dataset cannot serve (found before the first step, not at the
+// first validation).
+TEST_F(Cli, ARunThatCannotStartLeavesNothingBehind) {
+  const std::string run = dir("never");
   auto r = run_seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall + "--max_steps 2 --eval_negatives 500");
-  ASSERT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "fewer negatives (500) than items (400)")) << r.output;
+  EXPECT_FALSE(fs::exists(run)) << "a run directory was left behind";
+  r = run_seqrec("train --data " + dir("no-such-data") + " --out " + run + " " + kTrainSmall + "--max_steps 2");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "no-such-data")) << r.output;
+  EXPECT_FALSE(fs::exists(run)) << "a run directory was left behind";
+}
+
+// A sitting that ends on an error says so in the run's log (every line of the message), and
+// `seqrec info` reports the run as failed with that error (exit 0: the directory was read),
+// until a later sitting goes on.
+TEST_F(Cli, AFailedSittingSaysWhyInTheLogAndInfo) {
+  const std::string run = dir("failed");
+  const std::string cmd = "train --data " + data() + " --out " + run + " " + kTrainSmall;
+  ASSERT_EQ(run_seqrec(cmd + "--max_steps 2 --final_test=false").code, 0);
+  auto r = run_seqrec(cmd + "--max_steps 4 --final_test=false --hidden 24 --resume auto");
+  ASSERT_NE(r.code, 0) << r.output;
   const auto log = read_lines(run + "/train.log");
-  ASSERT_FALSE(log.empty());
-  EXPECT_TRUE(contains(log.back(), "[error] sampled evaluation needs fewer negatives (500)")) << log.back();
-  for (const auto& line : log) EXPECT_FALSE(contains(line, "[done]")) << "the protocol is checked before training: " << line;
+  ASSERT_GE(log.size(), 2u);
+  EXPECT_TRUE(contains(log[log.size() - 2], "[error] ") && contains(log[log.size() - 2], "different model configuration"))
+      << log[log.size() - 2];
+  EXPECT_TRUE(contains(log.back(), "[error] ") && contains(log.back(), "hidden: 16 vs 24")) << log.back();
   auto info = run_seqrec("info " + run);
   EXPECT_EQ(info.code, 0) << info.output;
-  EXPECT_TRUE(contains(info.output, "status: failed (sampled evaluation needs fewer negatives (500)")) << info.output;
-  EXPECT_TRUE(contains(info.output, "checkpoint: none complete in " + run + "/checkpoints")) << info.output;
-  // Resumed with a valid flag, the run goes on and is no longer reported as failed.
-  ASSERT_EQ(run_seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall + "--epochs 1 --resume auto").code, 0);
+  EXPECT_TRUE(std::regex_search(info.output, std::regex("status: failed \\(.*different model configuration.* hidden: 16 vs 24\\)")))
+      << info.output;
+  ASSERT_EQ(run_seqrec(cmd + "--epochs 1 --resume auto").code, 0);
   info = run_seqrec("info " + run);
   EXPECT_TRUE(contains(info.output, "status: finished")) << info.output;
 }

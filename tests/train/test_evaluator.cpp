@@ -261,6 +261,11 @@ TEST(RunSummary, DescribesSelectionTestAndStatus) {
   write("train.log", finished_log + log_head + "[error] checkpoint step-00000200: shared.bin is truncated\n");
   text = train::describe_run(dir.string());
   EXPECT_NE(text.find("status: failed (checkpoint step-00000200: shared.bin is truncated)"), std::string::npos) << text;
+  write("train.log", finished_log + "[error] step-5 was written by another configuration:\n[error]   hidden: 16 vs 24\n" +
+                         "[error]   heads: 1 vs 2\n");
+  text = train::describe_run(dir.string());
+  EXPECT_NE(text.find("status: failed (step-5 was written by another configuration: hidden: 16 vs 24; heads: 1 vs 2)\n"),
+            std::string::npos) << text;
   write("train.log", finished_log + log_head + "[error] x\n" + log_head + "[train] epoch 10/10 step 100 loss 1\n");
   text = train::describe_run(dir.string());
   EXPECT_EQ(text.find("failed"), std::string::npos) << "a later sitting started: " << text;
