@@ -282,9 +282,11 @@ TEST_F(CliMpi, ADivergedRankStopsTheRunNamingTheTensor) {
 TEST_F(CliMpi, ADeadRankEndsTheJob) {
   const std::string out = dir("dead");
   // Rank 1 is killed while the job trains for many epochs (a second after the run's log shows
-  // its set-up, however long start-up takes on a loaded machine); mpirun must end every rank.
+  // its set-up, however long start-up takes on a loaded machine; the watcher gives up if the rank
+  // ends first, so a run that fails early leaves no process behind); mpirun must end every rank.
   const std::string cmd = mpirun() + " -np 2 sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then (until grep -qs " +
-                          "\"model selection\" " + out + "/train.log; do sleep 0.2; done; sleep 1; kill -9 $$) & fi; exec " +
+                          "\"model selection\" " + out + "/train.log || ! kill -0 $$ 2>/dev/null; do sleep 0.2; done; " +
+                          "sleep 1; kill -9 $$ 2>/dev/null) & fi; exec " +
                           seqrec_bin() + " train --data " + data() + " --out " + out +
                           " --max_len 16 --hidden 16 --batch_size 8 --epochs 100000 --threads 1 --log_every 1000'";
   auto r = run_command(cmd, 120);
