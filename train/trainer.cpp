@@ -3,10 +3,12 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -16,6 +18,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -56,6 +60,47 @@ std::string format_duration(double s) {
   else o << t << "s";
   return o.str();
 }
+
+// One trainer per run directory: rank 0 holds an exclusive advisory lock on <out>/.lock (with
+// its pid in the file) for as long as the run lives; the kernel drops it when the process ends,
+// however it ends. Without it, a resume started while an earlier trainer is still writing its
+// stop checkpoint would load one checkpoint while the other process writes a newer one.
+class RunDirLock {
+ public:
+  RunDirLock() = default;
+  RunDirLock(const RunDirLock&) = delete;
+  RunDirLock& operator=(const RunDirLock&) = delete;
+  ~RunDirLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  // An empty string when the lock is held, else why not.
+  std::string acquire(const std::string& dir) {
+    const std::string path = dir + "/.lock";
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) return "cannot open " + path + ": " + std::strerror(errno);
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      char buf[32] = {};
+      const ssize_t n = ::pread(fd_, buf, sizeof(buf) - 1, 0);
+      ::close(fd_);
+      fd_ = -1;
+      if (err != EWOULDBLOCK) return "cannot lock " + path + ": " + std::strerror(err);
+      std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+      return "run directory " + dir + " is in use by another seqrec train" +
+             (holder.empty() ? std::string() : " (pid " + holder + ")") +
+             ": wait for it to end (a stopped run writes its last checkpoint first), or use another --out";
+    }
+    const std::string pid = std::to_string(::getpid()) + "\n";
+    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
+      return "cannot write " + path + ": " + std::strerror(errno);
+    return {};
+  }
+
+ private:
+  int fd_ = -1;
+};
 
 // Rank 0 writes the run's human log (stdout + <out>/train.log) and metrics.jsonl.
 class RunLog {
@@ -809,8 +854,18 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   if (o.resume.empty() && CheckpointManager({o.out + "/checkpoints", 1}, comm).latest())
     throw std::runtime_error("run directory " + o.out +
                              " already holds checkpoints: pass --resume auto to continue it, or a new --out");
+  // Every rank learns whether rank 0 got the directory, so that all of them stop together.
+  RunDirLock lock;
+  std::string lock_error;
   if (comm.rank() == 0) {
     fs::create_directories(o.out);
+    lock_error = lock.acquire(o.out);
+  }
+  auto locked = torch::tensor({lock_error.empty() ? 1.0 : 0.0}, torch::kFloat64);
+  if (comm.size() > 1) comm.broadcast(locked, 0);
+  if (locked.item<double>() == 0.0)
+    throw std::runtime_error(comm.rank() == 0 ? lock_error : "rank 0 could not take the run directory " + o.out);
+  if (comm.rank() == 0) {
     std::ofstream flags(o.out + "/flags.txt");
     flags << o.config_text;
     if (!flags) throw std::runtime_error("cannot write " + o.out + "/flags.txt");

@@ -8,6 +8,9 @@
 #include <sstream>
 
 #include <signal.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 #include <torch/torch.h>
 
 #include "tests/e2e/cli_harness.h"
@@ -314,6 +317,36 @@ TEST_F(Cli, RefusesToOverwriteARunWithoutResume) {
   auto info = run_seqrec("info " + run);
   EXPECT_EQ(info.code, 0) << info.output;
   EXPECT_FALSE(contains(info.output, "failed")) << info.output;
+}
+
+// One trainer per run directory: while another process holds <out>/.lock, a second `train`
+// (a resume started before the first trainer has finished its stop checkpoint, say) is refused,
+// naming the directory and the holder's pid, and touches nothing; once the holder lets go, the
+// same command runs.
+TEST_F(Cli, ARunDirectoryInUseIsRefused) {
+  const std::string run = dir("busy");
+  const std::string cmd = "train --data " + data() + " --out " + run + " " + kTrainSmall + "--max_steps 2 --final_test=false";
+  ASSERT_EQ(run_seqrec(cmd).code, 0);
+  const auto read = [&](const std::string& name) {
+    std::ifstream in(run + "/" + name);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string log = read("train.log");
+  // Stand in for a live trainer: take the lock the way seqrec does, with a pid of our own.
+  const int fd = ::open((run + "/.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  ASSERT_EQ(::ftruncate(fd, 0), 0);
+  ASSERT_EQ(::pwrite(fd, "424242\n", 7, 0), 7);
+  auto r = run_seqrec(cmd + " --max_steps 4 --resume auto");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "run directory " + run + " is in use by another seqrec train (pid 424242)")) << r.output;
+  EXPECT_EQ(read("train.log"), log) << "the refused invocation wrote to the run's log";
+  EXPECT_EQ(newest_checkpoint(run), run + "/checkpoints/step-000000000002");
+  ::close(fd);
+  r = run_seqrec(cmd + " --max_steps 4 --resume auto");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(newest_checkpoint(run), run + "/checkpoints/step-000000000004");
 }
 
 // A run that cannot start on its dataset fails before it writes anything: a missing dataset, or
