@@ -85,6 +85,8 @@ class RunDirLock {
       const ssize_t n = ::pread(fd_, buf, sizeof(buf) - 1, 0);
       ::close(fd_);
       fd_ = -1;
+      // A filesystem without locks (some network mounts) runs unguarded rather than not at all.
+      if (err == ENOLCK || err == EOPNOTSUPP) return {};
       if (err != EWOULDBLOCK) return "cannot lock " + path + ": " + std::strerror(err);
       std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
       while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
