@@ -860,8 +860,9 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   RunDirLock lock;
   std::string lock_error;
   if (comm.rank() == 0) {
-    fs::create_directories(o.out);
-    lock_error = lock.acquire(o.out);
+    std::error_code ec;
+    fs::create_directories(o.out, ec);
+    lock_error = ec ? "cannot create the run directory " + o.out + ": " + ec.message() : lock.acquire(o.out);
   }
   auto locked = torch::tensor({lock_error.empty() ? 1.0 : 0.0}, torch::kFloat64);
   if (comm.size() > 1) comm.broadcast(locked, 0);
