@@ -57,6 +57,12 @@ std::map<std::string, at::Tensor> params_of(const std::string& checkpoint_dir) {
   return out;
 }
 
+// A file's whole text ("" when it cannot be read).
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 // The newest (or the oldest kept) complete checkpoint of a run.
 std::string newest_checkpoint(const std::string& run, bool oldest = false) {
   std::string pick;
@@ -303,10 +309,7 @@ TEST_F(Cli, RefusesToOverwriteARunWithoutResume) {
   const std::string run = dir("twice");
   const std::string cmd = "train --data " + data() + " --out " + run + " " + kTrainSmall + "--max_steps 2 --final_test=false";
   ASSERT_EQ(run_seqrec(cmd).code, 0);
-  const auto read = [&](const std::string& name) {
-    std::ifstream in(run + "/" + name);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
+  const auto read = [&](const std::string& name) { return read_text(run + "/" + name); };
   const std::string flags = read("flags.txt"), log = read("train.log");
   ASSERT_TRUE(contains(flags, "hidden=16")) << flags;
   auto r = run_seqrec(cmd + " --hidden 24");
@@ -327,10 +330,7 @@ TEST_F(Cli, ARunDirectoryInUseIsRefused) {
   const std::string run = dir("busy");
   const std::string cmd = "train --data " + data() + " --out " + run + " " + kTrainSmall + "--max_steps 2 --final_test=false";
   ASSERT_EQ(run_seqrec(cmd).code, 0);
-  const auto read = [&](const std::string& name) {
-    std::ifstream in(run + "/" + name);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
+  const auto read = [&](const std::string& name) { return read_text(run + "/" + name); };
   const std::string log = read("train.log");
   // Stand in for a live trainer: take the lock the way seqrec does, with a pid of our own.
   const int fd = ::open((run + "/.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -362,6 +362,12 @@ TEST_F(Cli, ARunThatCannotStartLeavesNothingBehind) {
   EXPECT_NE(r.code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "no-such-data")) << r.output;
   EXPECT_FALSE(fs::exists(run)) << "a run directory was left behind";
+  // A run directory that cannot be created (its parent is a plain file) is named.
+  const std::string file = dir("plain-file");
+  std::ofstream(file) << "not a directory\n";
+  r = run_seqrec("train --data " + data() + " --out " + file + "/run " + kTrainSmall + "--max_steps 2");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "cannot create the run directory " + file + "/run")) << r.output;
 }
 
 // A sitting that ends on an error says so in the run's log (every line of the message), and
@@ -569,8 +575,7 @@ TEST_F(Cli, EveryShippedConfigTrains) {
     if (e.path().extension() != ".flags") continue;
     ++configs;
     const std::string run = dir("config-" + std::to_string(configs));
-    std::ifstream in(e.path());
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string text = read_text(e.path().string());
     // The synthetic data has no user features: configs that read them get a zero user vector.
     const std::string users = text.find("--flash_user=features") != std::string::npos ? " --flash_user=zero" : "";
     auto r = run_seqrec("train --flagfile " + e.path().string() + " --data " + data() + " --out " + run +
