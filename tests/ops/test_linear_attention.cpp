@@ -98,7 +98,7 @@ TEST(LinearAttention, ChunkedProductIsExactForAnyChunk) {
        v = torch::randn({2, 2, 37, 5}, torch::kFloat64);
   auto mask = torch::ones({37, 37}, torch::kFloat64).tril();
   auto want = torch::matmul(torch::matmul(q, k.transpose(-2, -1)) * mask, v);
-  for (int64_t chunk : {1, 3, 8, 36, 37, 64})
+  for (int64_t chunk : {1, 3, 8, 12, 19, 36, 37, 64})  // 12: 4 chunks of 10; 36: 2 of 19
     EXPECT_TRUE(torch::allclose(causal_linear_attention(q, k, v, chunk), want, 1e-10, 1e-10)) << chunk;
 }
 
