@@ -1,5 +1,11 @@
 // The input layer: SHA-256, the plain/gzip/xz line reader, field splitting and id tables.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <system_error>
 
 #include "io/raw_reader.h"
 #include "io/sha256.h"
@@ -14,6 +20,19 @@ std::string sha(const std::string& s) {
   Sha256 h;
   h.update(s.data(), s.size());
   return h.hex_digest();
+}
+
+// PyTorch wheels' libtorch.so exports a private copy of std::filesystem that crashes when called
+// (pytorch/pytorch#133437); the build names libstdc++ first so that calls bind to libstdc++.so.
+// Against a wheel without that link order every io test that removes a directory segfaults.
+TEST(Toolchain, StdFilesystemBindsToLibstdcxx) {
+  using RemoveAll = std::uintmax_t (*)(const std::filesystem::path&, std::error_code&);
+  RemoveAll remove_all = &std::filesystem::remove_all;
+  Dl_info info{};
+  ASSERT_NE(dladdr(reinterpret_cast<void*>(remove_all), &info), 0);
+  const std::string lib = info.dli_fname != nullptr ? info.dli_fname : "";
+  EXPECT_NE(lib.find("libstdc++"), std::string::npos)
+      << "std::filesystem::remove_all binds to " << lib << ", not libstdc++ (link order; CMakeLists.txt)";
 }
 
 TEST(Sha256, KnownVectors) {
