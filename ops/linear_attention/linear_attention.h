@@ -11,8 +11,8 @@
 namespace seqrec::ops {
 
 // out[t] = sum_{s <= t} (q[t] · k[s]) v[s] for q, k, v [B, H, L, Dh] (value width may differ).
-// Exact, computed in the fewest chunks of at most `chunk` slots, of equal size (the last padded
-// by fewer than their count): inside a chunk a masked [C x C] product, across chunks an
+// Exact, computed in the fewest chunks n of at most `chunk` slots, each C = ceil(L / n) wide (so
+// fewer than n slots are padding): inside a chunk a masked [C x C] product, across chunks an
 // exclusive prefix sum of the [Dh x Dv] states kᵀv. Memory O(L·chunk + L/chunk·Dh·Dv).
 at::Tensor causal_linear_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    int64_t chunk = 64);
