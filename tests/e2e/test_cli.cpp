@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "tests/e2e/cli_harness.h"
+#include "tests/test_files.h"
 #include "train/checkpoint.h"
 
 namespace {
@@ -55,12 +56,6 @@ std::map<std::string, at::Tensor> params_of(const std::string& checkpoint_dir) {
   for (auto& [n, t] : b.tensors)
     if (n.rfind("param/", 0) == 0 || n.rfind("adam/", 0) == 0 || n.rfind("buffer/", 0) == 0) out[n] = t;
   return out;
-}
-
-// A file's whole text ("" when it cannot be read).
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 // The newest (or the oldest kept) complete checkpoint of a run.
@@ -309,7 +304,7 @@ TEST_F(Cli, RefusesToOverwriteARunWithoutResume) {
   const std::string run = dir("twice");
   const std::string cmd = "train --data " + data() + " --out " + run + " " + kTrainSmall + "--max_steps 2 --final_test=false";
   ASSERT_EQ(run_seqrec(cmd).code, 0);
-  const auto read = [&](const std::string& name) { return read_text(run + "/" + name); };
+  const auto read = [&](const std::string& name) { return read_file(run + "/" + name); };
   const std::string flags = read("flags.txt"), log = read("train.log");
   ASSERT_TRUE(contains(flags, "hidden=16")) << flags;
   auto r = run_seqrec(cmd + " --hidden 24");
@@ -330,7 +325,7 @@ TEST_F(Cli, ARunDirectoryInUseIsRefused) {
   const std::string run = dir("busy");
   const std::string cmd = "train --data " + data() + " --out " + run + " " + kTrainSmall + "--max_steps 2 --final_test=false";
   ASSERT_EQ(run_seqrec(cmd).code, 0);
-  const auto read = [&](const std::string& name) { return read_text(run + "/" + name); };
+  const auto read = [&](const std::string& name) { return read_file(run + "/" + name); };
   const std::string log = read("train.log");
   // Stand in for a live trainer: take the lock the way seqrec does, with a pid of our own.
   const int fd = ::open((run + "/.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -575,7 +570,7 @@ TEST_F(Cli, EveryShippedConfigTrains) {
     if (e.path().extension() != ".flags") continue;
     ++configs;
     const std::string run = dir("config-" + std::to_string(configs));
-    const std::string text = read_text(e.path().string());
+    const std::string text = read_file(e.path().string());
     // The synthetic data has no user features: configs that read them get a zero user vector.
     const std::string users = text.find("--flash_user=features") != std::string::npos ? " --flash_user=zero" : "";
     auto r = run_seqrec("train --flagfile " + e.path().string() + " --data " + data() + " --out " + run +

@@ -18,6 +18,7 @@
 #include "io/dataset.h"
 #include "io/prepare.h"
 #include "seqrec_config.h"
+#include "tests/test_files.h"
 
 namespace seqrec::testing {
 
@@ -46,11 +47,6 @@ inline void write_file(const std::string& path, const std::string& content) {
   std::ofstream f(path, std::ios::binary);
   f << content;
   ASSERT_TRUE(f.good()) << path;
-}
-
-inline std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
 // One gzip member per part (several parts: a concatenated .gz as `cat a.gz b.gz` makes).

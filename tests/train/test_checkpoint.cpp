@@ -8,6 +8,7 @@
 
 #include "dist/comm.h"
 #include "train/checkpoint.h"
+#include "tests/test_files.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -64,8 +65,7 @@ TEST(BundleFile, RoundTripsEveryDtypeAndShape) {
 TEST(BundleFile, EveryTruncationIsAClearError) {
   const auto dir = scratch("trunc");
   write_bundle_file(dir + "/x.bin", sample_bundle());
-  std::ifstream in(dir + "/x.bin", std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  const std::string bytes = seqrec::testing::read_file(dir + "/x.bin");
   for (size_t cut = 0; cut < bytes.size(); cut += std::max<size_t>(1, bytes.size() / 40)) {
     std::ofstream(dir + "/t.bin", std::ios::binary).write(bytes.data(), cut);
     expect_error_naming([&] { read_bundle_file(dir + "/t.bin"); }, "t.bin");
