@@ -1,9 +1,9 @@
 #pragma once
 // Linear attention: (KᵀV) first, so the cost is O(L·Dh²) per head instead of O(L²·Dh).
 // Two layers: a generic causal linear-attention product computed chunk by chunk, and LinRec's
-// (Liu et al., SIGIR'23) ELU + L2-normalised feature maps on top of it. The ATen reference runs
-// on any device and differentiates through autograd; a fused CUDA kernel will sit behind the
-// same signatures.
+// (Liu et al., SIGIR'23) ELU + L2-normalised feature maps on top of it. The product has a fused
+// CPU kernel and an ATen reference that runs on any device and differentiates through autograd;
+// a fused CUDA kernel will sit behind the same signatures.
 #include <ATen/core/Tensor.h>
 
 #include <string>
@@ -11,11 +11,22 @@
 namespace seqrec::ops {
 
 // out[t] = sum_{s <= t} (q[t] · k[s]) v[s] for q, k, v [B, H, L, Dh] (value width may differ).
-// Exact, computed in the fewest chunks n of at most `chunk` slots, each C = ceil(L / n) wide (so
-// fewer than n slots are padding): inside a chunk a masked [C x C] product, across chunks an
-// exclusive prefix sum of the [Dh x Dv] states kᵀv. Memory O(L·chunk + L/chunk·Dh·Dv).
+// What the models call. On the CPU (float, double) it runs the fused kernel of
+// linear_attention_fused.cpp: per sequence a [Dh x Dv] state walked slot by slot, forward and a
+// hand-written backward, O(L·Dh·Dv) time and nothing saved beyond the inputs (`chunk` unused).
+// Elsewhere it runs causal_linear_attention_reference. First-order gradients only.
 at::Tensor causal_linear_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    int64_t chunk = 64);
+
+// The ATen reference of the same product (any device, autograd): exact, computed in the fewest
+// chunks n of at most `chunk` slots, each C = ceil(L / n) wide (so fewer than n slots are
+// padding): inside a chunk a masked [C x C] product, across chunks an exclusive prefix sum of
+// the [Dh x Dv] states kᵀv. Memory O(L·chunk + L/chunk·Dh·Dv).
+at::Tensor causal_linear_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                             int64_t chunk = 64);
+
+// The argument checks both run (throws c10::Error naming the bad shape or chunk).
+void check_linear_attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t chunk);
 
 // How LinRec normalises queries and keys after ELU:
 //  kPaper: the paper's Eq. (6): each query row / (sqrt(Dh)·||q||₂); each key feature (column)

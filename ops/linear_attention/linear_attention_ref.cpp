@@ -17,14 +17,22 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   TORCH_CHECK(q.sizes() == k.sizes(), "q and k must have one shape; got q ", q.sizes(), " k ", k.sizes());
   TORCH_CHECK(v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
               "v must be [B, H, L, Dv] matching q ", q.sizes(), "; got ", v.sizes());
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+              "q, k, v must have one dtype; got q ", q.scalar_type(), " k ", k.scalar_type(), " v ", v.scalar_type());
+  TORCH_CHECK(k.device() == q.device() && v.device() == q.device(), "q, k, v must be on one device; got q ",
+              q.device(), " k ", k.device(), " v ", v.device());
 }
 
 }  // namespace
 
-at::Tensor causal_linear_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                   int64_t chunk) {
+void check_linear_attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t chunk) {
   check_qkv(q, k, v);
   TORCH_CHECK(chunk > 0, "chunk must be > 0, got ", chunk);
+}
+
+at::Tensor causal_linear_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                             int64_t chunk) {
+  check_linear_attention_args(q, k, v, chunk);
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), Dh = q.size(3), Dv = v.size(3);
   if (L == 0) return torch::zeros({B, H, 0, Dv}, v.options());
   // The fewest chunks of at most `chunk` slots, evened out: L = 200 at chunk 64 runs 4 chunks

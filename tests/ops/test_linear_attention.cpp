@@ -1,7 +1,8 @@
 // LinRec's linear attention against a loop-level reference in double: both normalisations
 // (paper, code) and both forms (causal, global), shapes that break the chunking (length 1,
 // odd lengths, several chunks), left padding and all-padding rows; causality, padding
-// isolation, and gradients against central differences.
+// isolation, and gradients against central differences. The causal product's fused CPU kernel
+// against its chunked ATen reference.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -99,7 +100,68 @@ TEST(LinearAttention, ChunkedProductIsExactForAnyChunk) {
   auto mask = torch::ones({37, 37}, torch::kFloat64).tril();
   auto want = torch::matmul(torch::matmul(q, k.transpose(-2, -1)) * mask, v);
   for (int64_t chunk : {1, 3, 8, 12, 19, 36, 37, 64})  // 12: 4 chunks of 10; 36: 2 of 19
-    EXPECT_TRUE(torch::allclose(causal_linear_attention(q, k, v, chunk), want, 1e-10, 1e-10)) << chunk;
+    EXPECT_TRUE(torch::allclose(causal_linear_attention_reference(q, k, v, chunk), want, 1e-10, 1e-10)) << chunk;
+  EXPECT_TRUE(torch::allclose(causal_linear_attention(q, k, v), want, 1e-10, 1e-10));  // the fused kernel
+}
+
+// The fused CPU kernel (what causal_linear_attention runs on the CPU) against the chunked ATen
+// reference, values and all three gradients, in double and float, over shapes that break any
+// blocking (length 1, odd lengths and widths, Dk != Dv), zero rows, and non-contiguous inputs.
+TEST(LinearAttention, FusedKernelMatchesChunkedReference) {
+  torch::manual_seed(7);
+  struct Shape {
+    int64_t B, H, L, Dk, Dv;
+  };
+  for (auto dtype : {torch::kFloat64, torch::kFloat32})
+    for (Shape c : std::vector<Shape>{{1, 1, 1, 1, 1}, {2, 3, 7, 5, 3}, {3, 2, 65, 9, 17}, {2, 1, 200, 50, 50},
+                                      {1, 2, 130, 16, 8}}) {
+      // Non-contiguous: [B, L, H, D] storage seen as [B, H, L, D], as the models pass heads.
+      auto make = [&](int64_t d) {
+        return torch::randn({c.B, c.L, c.H, d}, dtype).transpose(1, 2).requires_grad_();
+      };
+      auto q = make(c.Dk), k = make(c.Dk), v = make(c.Dv);
+      {
+        torch::NoGradGuard no_grad;  // a zeroed (padded) key row anywhere
+        k.select(2, c.L / 2).zero_();
+        v.select(2, c.L / 2).zero_();
+      }
+      auto gout = torch::randn({c.B, c.H, c.L, c.Dv}, dtype);
+      auto got = causal_linear_attention(q, k, v);
+      ASSERT_TRUE(got.grad_fn());
+      EXPECT_NE(got.grad_fn()->name().find("CausalLinearAttentionFused"), std::string::npos) << got.grad_fn()->name();
+      auto want = causal_linear_attention_reference(q, k, v, 16);
+      auto g_got = torch::autograd::grad({got}, {q, k, v}, {gout});
+      auto g_want = torch::autograd::grad({want}, {q, k, v}, {gout});
+      const double tol = dtype == torch::kFloat64 ? 1e-10 : 2e-5;
+      auto close = [&](const at::Tensor& a, const at::Tensor& b) {
+        return ((a - b).abs().max() / b.abs().max().clamp_min(1.0)).item<double>() <= tol;
+      };
+      const std::string where = "B" + std::to_string(c.B) + " H" + std::to_string(c.H) + " L" + std::to_string(c.L) +
+                                " Dk" + std::to_string(c.Dk) + " Dv" + std::to_string(c.Dv) +
+                                (dtype == torch::kFloat64 ? " double" : " float");
+      EXPECT_TRUE(close(got, want)) << where;
+      const char* names[] = {"dq", "dk", "dv"};
+      for (int i = 0; i < 3; ++i) EXPECT_TRUE(close(g_got[i], g_want[i])) << where << " " << names[i];
+    }
+}
+
+TEST(LinearAttention, FusedKernelGradientsMatchCentralDifferences) {
+  torch::manual_seed(8);
+  auto q = torch::randn({2, 2, 11, 3}, torch::kFloat64).requires_grad_();
+  auto k = torch::randn({2, 2, 11, 3}, torch::kFloat64).requires_grad_();
+  auto v = torch::randn({2, 2, 11, 4}, torch::kFloat64).requires_grad_();
+  auto w = torch::randn({2, 2, 11, 4}, torch::kFloat64);
+  auto f = [&] { return (causal_linear_attention(q, k, v) * w).sum(); };
+  seqrec::testing::expect_gradients_match_central_differences(f, {q, k, v}, 2);
+}
+
+TEST(LinearAttention, FusedKernelEmptyShapes) {
+  for (auto [L, D] : std::vector<std::pair<int64_t, int64_t>>{{0, 4}, {5, 0}}) {
+    auto q = torch::randn({2, 1, L, D}), v = torch::randn({2, 1, L, 3});
+    auto out = causal_linear_attention(q, q, v);
+    EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 1, L, 3}));
+    EXPECT_EQ(out.abs().sum().item<double>(), 0.0);
+  }
 }
 
 TEST(LinearAttention, CausalFormIgnoresFutureAndPadding) {
@@ -152,6 +214,9 @@ TEST(LinearAttention, BadInputIsNamed) {
   EXPECT_THROW(linrec_attention(q, q, q, torch::zeros({1, 5}, torch::kBool), LinrecNorm::kCode,
                                 LinrecForm::kCausal),
                c10::Error);
+  EXPECT_THROW(causal_linear_attention(q, q, q, 0), c10::Error);
+  EXPECT_THROW(causal_linear_attention(q, q.view({1, 1, 2, 4}), q), c10::Error);
+  EXPECT_THROW(causal_linear_attention(q, q, q.to(torch::kFloat64)), c10::Error);
 }
 
 }  // namespace

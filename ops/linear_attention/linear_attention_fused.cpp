@@ -1,0 +1,210 @@
+// causal_linear_attention on the CPU: the running state walked slot by slot, with a hand-written
+// backward (see linear_attention.h).
+//
+// Per sequence (b, h), with S = sum_{s <= t} k[s] vᵀ[s], a [Dk x Dv] state that stays in L1:
+//     forward:        S += k[t] vᵀ[t];   out[t] = q[t]ᵀ S                       (t = 0 .. L-1)
+//     backward, up:   S as above;        gq[t]  = S gout[t]    (S kept transposed) (t = 0 .. L-1)
+//     backward, down: G += q[t] goutᵀ[t]; gk[t] = G v[t];  gv[t] = Gᵀ k[t]       (t = L-1 .. 0)
+// where G = sum_{t' >= t} q[t'] goutᵀ[t']. Every product is one pass over a row of S or G per
+// key feature, 7·Dk·Dv multiply-adds per slot in all, half the chunked reference's and none of
+// its [chunk x chunk] score blocks or per-chunk states; nothing but the inputs is saved for the
+// backward. A slot's output reads only slots <= t, in the same order whatever follows, so a
+// later slot cannot change an earlier output even by rounding.
+//
+// On x86-64 the loops are compiled twice, for the baseline and for AVX2 + FMA, and the second is
+// taken when the CPU has both (1.5-2x on the kernel at Dh 50, docs/benchmarks.md).
+#include "ops/linear_attention/linear_attention.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+#define SEQREC_LINATTN_X86 1
+#define SEQREC_LINATTN_AVX2 __attribute__((target("avx2,fma")))
+#else
+#define SEQREC_LINATTN_X86 0
+#endif
+
+namespace seqrec::ops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The three passes over one sequence: q, k [L, Dk], v, gout [L, Dv], all contiguous; S is a
+// [Dk x Dv] scratch buffer. always_inline so that each instantiation is compiled inside the
+// (baseline or AVX2) function that calls it.
+template <typename T>
+__attribute__((always_inline)) inline void forward_seq(const T* __restrict__ q, const T* __restrict__ k,
+                                                       const T* __restrict__ v, T* __restrict__ out,
+                                                       T* __restrict__ S, int64_t L, int64_t Dk, int64_t Dv) {
+  std::fill(S, S + Dk * Dv, T(0));
+  for (int64_t t = 0; t < L; ++t) {
+    const T* kt = k + t * Dk;
+    const T* qt = q + t * Dk;
+    const T* vt = v + t * Dv;
+    T* ot = out + t * Dv;
+    std::fill(ot, ot + Dv, T(0));
+    for (int64_t i = 0; i < Dk; ++i) {
+      const T ki = kt[i], qi = qt[i];
+      T* __restrict__ row = S + i * Dv;
+#pragma omp simd
+      for (int64_t j = 0; j < Dv; ++j) {
+        row[j] += ki * vt[j];
+        ot[j] += qi * row[j];
+      }
+    }
+  }
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void backward_seq(const T* __restrict__ q, const T* __restrict__ k,
+                                                        const T* __restrict__ v, const T* __restrict__ g,
+                                                        T* __restrict__ gq, T* __restrict__ gk, T* __restrict__ gv,
+                                                        T* __restrict__ S, int64_t L, int64_t Dk, int64_t Dv) {
+  // Up: rebuild S slot by slot, transposed (Sᵀ [Dv x Dk]) so that gq[t] = sum_j gout[t, j] Sᵀ[j, :]
+  // is a sum of rows, like the forward, rather than Dk dot products.
+  std::fill(S, S + Dk * Dv, T(0));
+  for (int64_t t = 0; t < L; ++t) {
+    const T* kt = k + t * Dk;
+    const T* vt = v + t * Dv;
+    const T* gt = g + t * Dv;
+    T* gqt = gq + t * Dk;
+    std::fill(gqt, gqt + Dk, T(0));
+    for (int64_t j = 0; j < Dv; ++j) {
+      const T vj = vt[j], gj = gt[j];
+      T* __restrict__ row = S + j * Dk;
+#pragma omp simd
+      for (int64_t i = 0; i < Dk; ++i) {
+        row[i] += vj * kt[i];
+        gqt[i] += gj * row[i];
+      }
+    }
+  }
+  // Down: G (in S's buffer) collects q[t'] goutᵀ[t'] for t' >= t.
+  std::fill(S, S + Dk * Dv, T(0));
+  for (int64_t t = L - 1; t >= 0; --t) {
+    const T* qt = q + t * Dk;
+    const T* kt = k + t * Dk;
+    const T* vt = v + t * Dv;
+    const T* gt = g + t * Dv;
+    T* gkt = gk + t * Dk;
+    T* gvt = gv + t * Dv;
+    std::fill(gvt, gvt + Dv, T(0));
+    for (int64_t i = 0; i < Dk; ++i) {
+      const T qi = qt[i], ki = kt[i];
+      T* __restrict__ row = S + i * Dv;
+      T acc = 0;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t j = 0; j < Dv; ++j) {
+        row[j] += qi * gt[j];
+        acc += row[j] * vt[j];
+        gvt[j] += ki * row[j];
+      }
+      gkt[i] = acc;
+    }
+  }
+}
+
+template <typename T>
+void forward_base(const T* q, const T* k, const T* v, T* out, T* S, int64_t L, int64_t Dk, int64_t Dv) {
+  forward_seq(q, k, v, out, S, L, Dk, Dv);
+}
+template <typename T>
+void backward_base(const T* q, const T* k, const T* v, const T* g, T* gq, T* gk, T* gv, T* S, int64_t L,
+                   int64_t Dk, int64_t Dv) {
+  backward_seq(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
+}
+
+#if SEQREC_LINATTN_X86
+template <typename T>
+SEQREC_LINATTN_AVX2 void forward_avx2(const T* q, const T* k, const T* v, T* out, T* S, int64_t L, int64_t Dk,
+                                      int64_t Dv) {
+  forward_seq(q, k, v, out, S, L, Dk, Dv);
+}
+template <typename T>
+SEQREC_LINATTN_AVX2 void backward_avx2(const T* q, const T* k, const T* v, const T* g, T* gq, T* gk, T* gv, T* S,
+                                       int64_t L, int64_t Dk, int64_t Dv) {
+  backward_seq(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
+}
+bool have_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+#endif
+
+template <typename T>
+void forward_one(const T* q, const T* k, const T* v, T* out, T* S, int64_t L, int64_t Dk, int64_t Dv) {
+#if SEQREC_LINATTN_X86
+  if (have_avx2()) return forward_avx2(q, k, v, out, S, L, Dk, Dv);
+#endif
+  forward_base(q, k, v, out, S, L, Dk, Dv);
+}
+template <typename T>
+void backward_one(const T* q, const T* k, const T* v, const T* g, T* gq, T* gk, T* gv, T* S, int64_t L,
+                  int64_t Dk, int64_t Dv) {
+#if SEQREC_LINATTN_X86
+  if (have_avx2()) return backward_avx2(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
+#endif
+  backward_base(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
+}
+
+class CausalLinearAttentionFused : public torch::autograd::Function<CausalLinearAttentionFused> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
+                               const at::Tensor& v_in) {
+    auto q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+    const int64_t B = q.size(0), H = q.size(1), L = q.size(2), Dk = q.size(3), Dv = v.size(3);
+    auto out = torch::empty({B, H, L, Dv}, v.options());
+    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "causal_linear_attention_fused", [&] {
+      const auto *qp = q.data_ptr<scalar_t>(), *kp = k.data_ptr<scalar_t>(), *vp = v.data_ptr<scalar_t>();
+      auto* op = out.data_ptr<scalar_t>();
+      at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+        std::vector<scalar_t> S(Dk * Dv);
+        for (int64_t s = begin; s < end; ++s)
+          forward_one<scalar_t>(qp + s * L * Dk, kp + s * L * Dk, vp + s * L * Dv, op + s * L * Dv, S.data(), L,
+                                Dk, Dv);
+      });
+    });
+    ctx->save_for_backward({q, k, v});
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2];
+    const int64_t B = q.size(0), H = q.size(1), L = q.size(2), Dk = q.size(3), Dv = v.size(3);
+    auto g = grads[0].contiguous();
+    auto gq = torch::empty_like(q), gk = torch::empty_like(k), gv = torch::empty_like(v);
+    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "causal_linear_attention_fused_backward", [&] {
+      const auto *qp = q.data_ptr<scalar_t>(), *kp = k.data_ptr<scalar_t>(), *vp = v.data_ptr<scalar_t>(),
+                 *gp = g.data_ptr<scalar_t>();
+      auto *gqp = gq.data_ptr<scalar_t>(), *gkp = gk.data_ptr<scalar_t>(), *gvp = gv.data_ptr<scalar_t>();
+      at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+        std::vector<scalar_t> S(Dk * Dv);
+        for (int64_t s = begin; s < end; ++s)
+          backward_one<scalar_t>(qp + s * L * Dk, kp + s * L * Dk, vp + s * L * Dv, gp + s * L * Dv,
+                                 gqp + s * L * Dk, gkp + s * L * Dk, gvp + s * L * Dv, S.data(), L, Dk, Dv);
+      });
+    });
+    return {gq, gk, gv};
+  }
+};
+
+}  // namespace
+
+at::Tensor causal_linear_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   int64_t chunk) {
+  check_linear_attention_args(q, k, v, chunk);
+  const bool fused = q.device().is_cpu() && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble);
+  if (!fused) return causal_linear_attention_reference(q, k, v, chunk);
+  if (q.numel() == 0 || v.numel() == 0) return torch::zeros({q.size(0), q.size(1), q.size(2), v.size(3)}, v.options());
+  return CausalLinearAttentionFused::apply(q, k, v)[0];
+}
+
+}  // namespace seqrec::ops
