@@ -42,8 +42,9 @@
 //     q̂ and k̂ and the real-slot indicator appended to v, a single linear-attention product
 //     gives the numerator sum_j v_j + q̂_i·(sum_j k̂_jᵀ v_j) and the normaliser
 //     n_i + q̂_i·sum_j k̂_j together. Bidirectional: global sums, O(L·s·e). Causal: prefix sums
-//     over chunks of at most 64 slots (ops::causal_linear_attention), O(L·(64·(s + e) + s·e)) time and
-//     O(L·64 + L/64·s·e) memory.
+//     (ops::causal_linear_attention): on the CPU its fused kernel, a running [s x e] state,
+//     O(L·s·e) time and no memory beyond its inputs; elsewhere its chunked reference over chunks
+//     of at most 64 slots, O(L·(64·(s + e) + s·e)) time and O(L·64 + L/64·s·e) memory.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
