@@ -3,7 +3,7 @@
 //
 // Per sequence (b, h), with S = sum_{s <= t} k[s] vᵀ[s], a [Dk x Dv] state that stays in L1:
 //     forward:        S += k[t] vᵀ[t];   out[t] = q[t]ᵀ S                       (t = 0 .. L-1)
-//     backward, up:   S as above;        gq[t]  = S gout[t]    (S kept transposed) (t = 0 .. L-1)
+//     backward, up:   the forward of (gout, v, k): gq[t] = S gout[t], with Sᵀ as its state
 //     backward, down: G += q[t] goutᵀ[t]; gk[t] = G v[t];  gv[t] = Gᵀ k[t]       (t = L-1 .. 0)
 // where G = sum_{t' >= t} q[t'] goutᵀ[t']. Every product is one pass over a row of S or G per
 // key feature, 7·Dk·Dv multiply-adds per slot in all, half the chunked reference's and none of
@@ -68,25 +68,9 @@ __attribute__((always_inline)) inline void backward_seq(const T* __restrict__ q,
                                                         const T* __restrict__ v, const T* __restrict__ g,
                                                         T* __restrict__ gq, T* __restrict__ gk, T* __restrict__ gv,
                                                         T* __restrict__ S, int64_t L, int64_t Dk, int64_t Dv) {
-  // Up: rebuild S slot by slot, transposed (Sᵀ [Dv x Dk]) so that gq[t] = sum_j gout[t, j] Sᵀ[j, :]
-  // is a sum of rows, like the forward, rather than Dk dot products.
-  std::fill(S, S + Dk * Dv, T(0));
-  for (int64_t t = 0; t < L; ++t) {
-    const T* kt = k + t * Dk;
-    const T* vt = v + t * Dv;
-    const T* gt = g + t * Dv;
-    T* gqt = gq + t * Dk;
-    std::fill(gqt, gqt + Dk, T(0));
-    for (int64_t j = 0; j < Dv; ++j) {
-      const T vj = vt[j], gj = gt[j];
-      T* __restrict__ row = S + j * Dk;
-#pragma omp simd
-      for (int64_t i = 0; i < Dk; ++i) {
-        row[i] += vj * kt[i];
-        gqt[i] += gj * row[i];
-      }
-    }
-  }
+  // Up: gq[t] = sum_{s <= t} (gout[t] · v[s]) k[s], the forward with (q, k, v) -> (gout, v, k):
+  // its state is Sᵀ, so gq is a sum of rows rather than Dk dot products.
+  forward_seq(g, v, k, gq, S, L, Dv, Dk);
   // Down: G (in S's buffer) collects q[t'] goutᵀ[t'] for t' >= t.
   std::fill(S, S + Dk * Dv, T(0));
   for (int64_t t = L - 1; t >= 0; --t) {
@@ -112,16 +96,6 @@ __attribute__((always_inline)) inline void backward_seq(const T* __restrict__ q,
   }
 }
 
-template <typename T>
-void forward_base(const T* q, const T* k, const T* v, T* out, T* S, int64_t L, int64_t Dk, int64_t Dv) {
-  forward_seq(q, k, v, out, S, L, Dk, Dv);
-}
-template <typename T>
-void backward_base(const T* q, const T* k, const T* v, const T* g, T* gq, T* gk, T* gv, T* S, int64_t L,
-                   int64_t Dk, int64_t Dv) {
-  backward_seq(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
-}
-
 #if SEQREC_LINATTN_X86
 template <typename T>
 SEQREC_LINATTN_AVX2 void forward_avx2(const T* q, const T* k, const T* v, T* out, T* S, int64_t L, int64_t Dk,
@@ -144,7 +118,7 @@ void forward_one(const T* q, const T* k, const T* v, T* out, T* S, int64_t L, in
 #if SEQREC_LINATTN_X86
   if (have_avx2()) return forward_avx2(q, k, v, out, S, L, Dk, Dv);
 #endif
-  forward_base(q, k, v, out, S, L, Dk, Dv);
+  forward_seq(q, k, v, out, S, L, Dk, Dv);
 }
 template <typename T>
 void backward_one(const T* q, const T* k, const T* v, const T* g, T* gq, T* gk, T* gv, T* S, int64_t L,
@@ -152,7 +126,7 @@ void backward_one(const T* q, const T* k, const T* v, const T* g, T* gq, T* gk, 
 #if SEQREC_LINATTN_X86
   if (have_avx2()) return backward_avx2(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
 #endif
-  backward_base(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
+  backward_seq(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
 }
 
 class CausalLinearAttentionFused : public torch::autograd::Function<CausalLinearAttentionFused> {
