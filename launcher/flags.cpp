@@ -134,6 +134,8 @@ DEFINE_int64(profile_after, 5, "--profile_steps: training steps of this sitting 
 DEFINE_int32(prefetch, 4, "batches prepared ahead by the loader thread; 0 = synchronous");
 DEFINE_string(checkpoint, "", "eval/info: a checkpoint directory, a run's best/ or checkpoints/ directory");
 DEFINE_string(split, "test", "eval: valid | test");
+DEFINE_string(metrics, "HR@10,NDCG@10",
+              "info with two or more run directories: the test metrics to compare, comma-separated");
 
 namespace seqrec {
 namespace {
@@ -176,7 +178,7 @@ const std::map<std::string, Subcommand>& subcommands() {
        {"evaluate a checkpoint on the valid or test split",
         {"checkpoint", "data", "split", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",
          "eval_batch", "seed", "comm"}}},
-      {"info", {"print a dataset's or a checkpoint's metadata, or a run directory's results and newest checkpoint", {"data", "checkpoint"}}},
+      {"info", {"print a dataset's or a checkpoint's metadata, a run directory's results and newest checkpoint, or several runs side by side", {"data", "checkpoint", "metrics"}}},
   };
   return table;
 }

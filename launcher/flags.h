@@ -70,6 +70,7 @@ DECLARE_int64(profile_steps);
 DECLARE_int64(profile_after);
 DECLARE_string(checkpoint);
 DECLARE_string(split);
+DECLARE_string(metrics);
 
 namespace seqrec {
 

@@ -268,6 +268,16 @@ int cmd_eval(dist::Comm& comm) {
 }
 
 int cmd_info(const std::vector<std::string>& positional) {
+  if (positional.size() > 1) {
+    // Several run directories: side by side.
+    for (const auto& p : positional)
+      require(train::is_run_directory(p), "'" + p + "' is not a run directory (no train.log or metrics.jsonl); "
+                                          "several paths are compared as runs");
+    const auto metrics = split_list(FLAGS_metrics);
+    require(!metrics.empty(), "--metrics names no metric");
+    std::printf("%s", train::compare_runs(positional, metrics).c_str());
+    return 0;
+  }
   std::string path = !positional.empty() ? positional[0] : (!FLAGS_data.empty() ? FLAGS_data : FLAGS_checkpoint);
   require(!path.empty(), "give a dataset directory or a checkpoint directory (positional, --data or --checkpoint)");
   namespace fs = std::filesystem;

@@ -1,6 +1,8 @@
 #include "train/run_summary.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -171,16 +173,75 @@ bool is_run_directory(const std::string& dir) {
   return fs::is_regular_file(fs::path(dir) / "train.log") || fs::is_regular_file(fs::path(dir) / "metrics.jsonl");
 }
 
-std::string describe_run(const std::string& dir) {
-  // metrics.jsonl: every evaluation, in order (a resumed run appends).
+namespace {
+
+// Everything a run directory says about itself: metrics.jsonl's records, the facts train.log
+// states in words, and flags.txt. Read once; describe_run and compare_runs format it.
+struct RunFacts {
+  std::string dir, model, dataset, select_metric, select_candidates, last_select, test_line, stop_line, error_line,
+      done_time;
+  int64_t sittings = 0, last_epoch = -1, epochs = -1, last_step = -1, selected_epoch = -1;
+  double peak_rss = -1;
   std::vector<MetricsRecord> records;
+  std::map<std::string, std::string> flags;  // flags.txt: key=value, as the trainer wrote it
+
+  bool is(const MetricsRecord& r, const char* split) const { return r.text.count("split") && r.text.at("split") == split; }
+  static int64_t number(const MetricsRecord& r, const char* key) {
+    return r.numbers.count(key) ? static_cast<int64_t>(r.numbers.at(key)) : -1;
+  }
+
+  // The test evaluations at the last step the test split was evaluated at (the trainer evaluates
+  // it once, at the end, one record per protocol), and how many evaluations there were in all.
+  std::vector<const MetricsRecord*> final_tests(int64_t* evaluations = nullptr) const {
+    std::vector<const MetricsRecord*> tests;
+    for (const auto& r : records)
+      if (is(r, "test")) tests.push_back(&r);
+    int64_t n = 0, prev_step = -1;
+    for (const auto* r : tests) {
+      if (number(*r, "step") != prev_step || n == 0) ++n;
+      prev_step = number(*r, "step");
+    }
+    if (evaluations) *evaluations = n;
+    std::vector<const MetricsRecord*> last;
+    for (const auto* r : tests)
+      if (number(*r, "step") == prev_step) last.push_back(r);
+    return last;
+  }
+
+  // The valid record of the selected epoch under the selection protocol, or null.
+  const MetricsRecord* selected_valid() const {
+    const MetricsRecord* found = nullptr;
+    for (const auto& r : records)
+      if (is(r, "valid") && number(r, "epoch") == selected_epoch && selected_epoch >= 0 &&
+          r.text.count("candidates") && r.text.at("candidates") == select_candidates && r.numbers.count(select_metric))
+        found = &r;
+    return found;
+  }
+
+  bool tested() const { return !test_line.empty(); }
+
+  // failed, finished, stopped, or in progress (which an interrupted run also looks like:
+  // "unfinished" in one word); with the reason the log gives, or in one word.
+  std::string status(bool with_reason) const {
+    if (!error_line.empty()) return with_reason ? "failed (" + error_line + ")" : "failed";
+    if (!tested() && stop_line.empty())
+      return with_reason ? "in progress or interrupted (no test evaluation yet)" : "unfinished";
+    const std::string word = tested() ? "finished" : "stopped";
+    return with_reason && !stop_line.empty() ? word + " (" + stop_line + ")" : word;
+  }
+};
+
+RunFacts read_run(const std::string& dir) {
+  RunFacts f;
+  f.dir = dir;
+  // metrics.jsonl: every evaluation, in order (a resumed run appends).
   {
     std::ifstream in(fs::path(dir) / "metrics.jsonl");
     std::string line;
     for (int64_t n = 1; std::getline(in, line); ++n) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       try {
-        records.push_back(parse_metrics_line(line));
+        f.records.push_back(parse_metrics_line(line));
       } catch (const std::invalid_argument& e) {
         throw std::runtime_error((fs::path(dir) / "metrics.jsonl").string() + " line " + std::to_string(n) +
                                  ": not a metrics record (" + e.what() + ")");
@@ -188,10 +249,6 @@ std::string describe_run(const std::string& dir) {
     }
   }
   // train.log: the facts the trainer states in words. A sitting starts at each "[setup] dataset=".
-  std::string model, log_dataset, select_metric, select_candidates, last_select, test_line, stop_line, error_line,
-      done_time;
-  int64_t sittings = 0, last_epoch = -1, epochs = -1, last_step = -1, selected_epoch = -1;
-  double peak_rss = -1;
   {
     std::ifstream in(fs::path(dir) / "train.log");
     std::string line;
@@ -199,139 +256,282 @@ std::string describe_run(const std::string& dir) {
     while (std::getline(in, line)) {
       if (!starts_with(line, "[error] ")) error_continues = false;
       if (starts_with(line, "[setup] dataset=")) {
-        ++sittings;
-        log_dataset = field_after(line, "dataset=");
-        stop_line.clear();
-        error_line.clear();
+        ++f.sittings;
+        f.dataset = field_after(line, "dataset=");
+        f.stop_line.clear();
+        f.error_line.clear();
       } else if (starts_with(line, "[setup] model=")) {
-        model = field_after(line, "model=");
+        f.model = field_after(line, "model=");
       } else if (starts_with(line, "[setup] model selection: valid ")) {
         const auto under = line.find(" under \"");
-        select_metric = line.substr(31, under == std::string::npos ? std::string::npos : under - 31);
+        f.select_metric = line.substr(31, under == std::string::npos ? std::string::npos : under - 31);
         if (under != std::string::npos) {
-          select_candidates = line.substr(under + 8);
-          if (!select_candidates.empty() && select_candidates.back() == '"') select_candidates.pop_back();
+          f.select_candidates = line.substr(under + 8);
+          if (!f.select_candidates.empty() && f.select_candidates.back() == '"') f.select_candidates.pop_back();
         }
       } else if (starts_with(line, "[select] new best valid ")) {
-        last_select = line.substr(24);
-        selected_epoch = std::atoll(field_after(line, " at epoch ").c_str());
+        f.last_select = line.substr(24);
+        f.selected_epoch = std::atoll(field_after(line, " at epoch ").c_str());
       } else if (starts_with(line, "[train] epoch ")) {
         const std::string e = field_after(line, "[train] epoch ");
-        last_epoch = std::atoll(e.c_str());
-        if (const auto slash = e.find('/'); slash != std::string::npos) epochs = std::atoll(e.c_str() + slash + 1);
-        last_step = std::atoll(field_after(line, " step ").c_str());
+        f.last_epoch = std::atoll(e.c_str());
+        if (const auto slash = e.find('/'); slash != std::string::npos) f.epochs = std::atoll(e.c_str() + slash + 1);
+        f.last_step = std::atoll(field_after(line, " step ").c_str());
       } else if (starts_with(line, "[stop] ")) {
-        stop_line = line.substr(7);
+        f.stop_line = line.substr(7);
       } else if (starts_with(line, "[error] ")) {
         // One error may take several lines (each prefixed), joined here; a later one replaces it.
         std::string part = line.substr(8);
         part.erase(0, part.find_first_not_of(" \t"));
-        if (error_continues && !error_line.empty())
-          error_line += (error_line.back() == ':' ? " " : "; ") + part;
+        if (error_continues && !f.error_line.empty())
+          f.error_line += (f.error_line.back() == ':' ? " " : "; ") + part;
         else
-          error_line = part;
+          f.error_line = part;
         error_continues = true;
         continue;
       } else if (starts_with(line, "[done] steps=")) {
-        last_step = std::atoll(field_after(line, "steps=").c_str());
-        done_time = field_after(line, "train time/epoch=");
-        peak_rss = std::max(peak_rss, std::atof(field_after(line, "peak RSS/rank=").c_str()));
+        f.last_step = std::atoll(field_after(line, "steps=").c_str());
+        f.done_time = field_after(line, "train time/epoch=");
+        f.peak_rss = std::max(f.peak_rss, std::atof(field_after(line, "peak RSS/rank=").c_str()));
       } else if (starts_with(line, "[test] ")) {
-        test_line = line.substr(7);
+        f.test_line = line.substr(7);
       }
     }
   }
-  if (model.empty()) {
-    std::ifstream flags(fs::path(dir) / "flags.txt");
+  {
+    std::ifstream in(fs::path(dir) / "flags.txt");
     std::string line;
-    while (std::getline(flags, line))
-      if (starts_with(line, "model=") || starts_with(line, "--model=")) model = line.substr(line.find('=') + 1);
+    while (std::getline(in, line)) {
+      if (starts_with(line, "--")) line.erase(0, 2);
+      const auto eq = line.find('=');
+      if (eq != std::string::npos) f.flags[line.substr(0, eq)] = line.substr(eq + 1);
+    }
   }
+  if (f.model.empty() && f.flags.count("model")) f.model = f.flags.at("model");
+  for (const auto& r : f.records)
+    if (r.text.count("dataset")) f.dataset = r.text.at("dataset");
+  return f;
+}
 
+}  // namespace
+
+std::string describe_run(const std::string& dir) {
+  const RunFacts f = read_run(dir);
   std::ostringstream out;
-  std::string dataset = log_dataset;
-  for (const auto& r : records)
-    if (r.text.count("dataset")) dataset = r.text.at("dataset");
   out << "run: " << dir << "\n";
-  out << "  model: " << (model.empty() ? "?" : model) << ", dataset: " << (dataset.empty() ? "?" : dataset)
-      << ", sittings: " << sittings << "\n";
+  out << "  model: " << (f.model.empty() ? "?" : f.model) << ", dataset: " << (f.dataset.empty() ? "?" : f.dataset)
+      << ", sittings: " << f.sittings << "\n";
   int64_t last_valid = -1, validations = 0;
-  for (const auto& r : records)
-    if (r.text.count("split") && r.text.at("split") == "valid" && r.numbers.count("epoch")) {
-      if (static_cast<int64_t>(r.numbers.at("epoch")) != last_valid) ++validations;
-      last_valid = static_cast<int64_t>(r.numbers.at("epoch"));
+  for (const auto& r : f.records)
+    if (f.is(r, "valid") && r.numbers.count("epoch")) {
+      if (RunFacts::number(r, "epoch") != last_valid) ++validations;
+      last_valid = RunFacts::number(r, "epoch");
     }
   out << "  trained: ";
-  if (last_step >= 0)
-    out << last_step << " steps"
-        << (last_epoch >= 0 ? " (the last progress line in epoch " + std::to_string(last_epoch) +
-                                  (epochs > 0 ? " of " + std::to_string(epochs) : "") + ")"
-                            : "");
+  if (f.last_step >= 0)
+    out << f.last_step << " steps"
+        << (f.last_epoch >= 0 ? " (the last progress line in epoch " + std::to_string(f.last_epoch) +
+                                    (f.epochs > 0 ? " of " + std::to_string(f.epochs) : "") + ")"
+                              : "");
   else
     out << "no training step logged";
   out << "; " << validations << " validation(s)" << (last_valid >= 0 ? ", the last at epoch " + std::to_string(last_valid) : "")
       << "\n";
-  const bool tested = !test_line.empty();
-  out << "  status: ";
-  if (!error_line.empty())
-    out << "failed (" << error_line << ")";
-  else
-    out << (tested ? "finished" : stop_line.empty() ? "in progress or interrupted (no test evaluation yet)" : "stopped")
-        << (stop_line.empty() ? "" : " (" + stop_line + ")");
-  out << "\n";
+  out << "  status: " << f.status(true) << "\n";
 
   // The selection metric at every validation under the selection protocol (the last record of
   // an epoch that was validated twice, as after a resume from an earlier checkpoint).
-  if (!select_metric.empty()) {
+  if (!f.select_metric.empty()) {
     std::map<int64_t, double> curve;
-    for (const auto& r : records)
-      if (r.text.count("split") && r.text.at("split") == "valid" && r.numbers.count("epoch") &&
-          r.numbers.count(select_metric) && r.text.count("candidates") && r.text.at("candidates") == select_candidates)
-        curve[static_cast<int64_t>(r.numbers.at("epoch"))] = r.numbers.at(select_metric);
+    for (const auto& r : f.records)
+      if (f.is(r, "valid") && r.numbers.count("epoch") && r.numbers.count(f.select_metric) && r.text.count("candidates") &&
+          r.text.at("candidates") == f.select_candidates)
+        curve[RunFacts::number(r, "epoch")] = r.numbers.at(f.select_metric);
     if (!curve.empty()) {
-      out << "  valid " << select_metric << " by epoch:";
+      out << "  valid " << f.select_metric << " by epoch:";
       for (const auto& [epoch, v] : curve) out << " " << epoch << ":" << fixed(v, 4);
       out << "\n";
     }
   }
 
   // The selected model, with every protocol validated at its epoch.
-  if (selected_epoch >= 0) {
-    out << "  selected on valid " << select_metric << (select_candidates.empty() ? "" : " under \"" + select_candidates + "\"")
-        << ": " << last_select << "\n";
+  if (f.selected_epoch >= 0) {
+    out << "  selected on valid " << f.select_metric
+        << (f.select_candidates.empty() ? "" : " under \"" + f.select_candidates + "\"") << ": " << f.last_select << "\n";
     out << "  valid at the selected epoch:\n";
-    for (const auto& r : records)
-      if (r.text.count("split") && r.text.at("split") == "valid" && r.numbers.count("epoch") &&
-          static_cast<int64_t>(r.numbers.at("epoch")) == selected_epoch)
-        out << protocol_line(r);
+    for (const auto& r : f.records)
+      if (f.is(r, "valid") && RunFacts::number(r, "epoch") == f.selected_epoch) out << protocol_line(r);
   } else {
     out << "  selected: none yet (no validation improved on the start)\n";
   }
 
   // The test split: the trainer evaluates it once, at the end, with the selected model. More than
   // one test evaluation (a run extended after it finished) is said, not hidden.
-  std::vector<const MetricsRecord*> tests;
-  for (const auto& r : records)
-    if (r.text.count("split") && r.text.at("split") == "test") tests.push_back(&r);
+  int64_t evaluations = 0;
+  const auto tests = f.final_tests(&evaluations);
   if (!tests.empty()) {
-    int64_t evaluations = 0;
-    int64_t prev_step = -1;
-    for (const auto* r : tests) {
-      const int64_t step = r->numbers.count("step") ? static_cast<int64_t>(r->numbers.at("step")) : -1;
-      if (step != prev_step) ++evaluations;
-      prev_step = step;
-    }
-    const int64_t final_step = prev_step;
-    const int64_t test_epoch = tests.back()->numbers.count("epoch") ? static_cast<int64_t>(tests.back()->numbers.at("epoch")) : -1;
-    out << "  test (" << (test_line.empty() ? "" : test_line + "; ") << "epoch " << test_epoch;
+    out << "  test (" << (f.test_line.empty() ? "" : f.test_line + "; ") << "epoch " << RunFacts::number(*tests.back(), "epoch");
     if (evaluations > 1) out << "; WARNING: the test split was evaluated " << evaluations << " times, the last shown";
     out << "):\n";
-    for (const auto* r : tests)
-      if ((r->numbers.count("step") ? static_cast<int64_t>(r->numbers.at("step")) : -1) == final_step) out << protocol_line(*r);
+    for (const auto* r : tests) out << protocol_line(*r);
   }
-  if (!done_time.empty())
-    out << "  time: " << done_time << " s/epoch training (the last finished sitting), peak RSS/rank " << fixed(peak_rss, 0)
-        << " MiB (the largest finished sitting)\n";
+  if (!f.done_time.empty())
+    out << "  time: " << f.done_time << " s/epoch training (the last finished sitting), peak RSS/rank "
+        << fixed(f.peak_rss, 0) << " MiB (the largest finished sitting)\n";
+  return out.str();
+}
+
+std::string compare_runs(const std::vector<std::string>& dirs, const std::vector<std::string>& metrics) {
+  if (dirs.size() < 2) throw std::invalid_argument("compare_runs: give two or more run directories");
+  if (metrics.empty()) throw std::invalid_argument("compare_runs: name at least one metric (e.g. NDCG@10)");
+  std::vector<RunFacts> runs;
+  for (const auto& d : dirs) {
+    if (!is_run_directory(d)) throw std::invalid_argument("'" + d + "' is not a run directory (no train.log or metrics.jsonl)");
+    runs.push_back(read_run(d));
+  }
+  // A metric no evaluation of any run recorded is a typo, not a missing figure.
+  for (const auto& m : metrics) {
+    bool seen = false;
+    std::vector<std::string> known;
+    for (const auto& f : runs)
+      for (const auto& r : f.records)
+        for (const auto& [name, v] : r.numbers) {
+          seen = seen || (name == m && m != "epoch" && m != "step" && m != "users" && m != "seconds");
+          if (name.find('@') != std::string::npos && std::find(known.begin(), known.end(), name) == known.end())
+            known.push_back(name);
+        }
+    if (!seen && !known.empty()) {
+      std::string list;
+      for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+      throw std::invalid_argument("no evaluation of these runs recorded the metric '" + m + "' (they have " + list + ")");
+    }
+  }
+  // The test protocols, numbered in the order they first appear.
+  std::vector<std::string> protocols;
+  for (const auto& f : runs)
+    for (const auto* r : f.final_tests())
+      if (r->text.count("candidates") &&
+          std::find(protocols.begin(), protocols.end(), r->text.at("candidates")) == protocols.end())
+        protocols.push_back(r->text.at("candidates"));
+  bool same_selection = true;
+  for (const auto& f : runs)
+    same_selection = same_selection && f.select_metric == runs[0].select_metric && f.select_candidates == runs[0].select_candidates;
+
+  // Columns: run, model, seed, status, selected epoch, the valid selection figure, then each
+  // protocol x metric of the test split. A figure a run does not have is "-".
+  std::vector<std::string> head = {"run", "model", "seed", "status", "selected",
+                                   same_selection && !runs[0].select_metric.empty() ? "valid " + runs[0].select_metric
+                                                                                    : "valid (its selection metric)"};
+  for (size_t p = 0; p < protocols.size(); ++p)
+    for (const auto& m : metrics) head.push_back("[" + std::to_string(p + 1) + "] " + m);
+  // The numbers behind each row, for the means: NaN where a figure is missing.
+  const double kMissing = std::numeric_limits<double>::quiet_NaN();
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::vector<double>> values;
+  for (const auto& f : runs) {
+    int64_t evaluations = 0;
+    const auto tests = f.final_tests(&evaluations);
+    std::vector<std::string> row = {f.dir, f.model.empty() ? "?" : f.model, f.flags.count("seed") ? f.flags.at("seed") : "?",
+                                    f.status(false) + (evaluations > 1 ? " (test x" + std::to_string(evaluations) + ")" : "")};
+    std::vector<double> v;
+    const MetricsRecord* sel = f.selected_valid();
+    row.push_back(f.selected_epoch >= 0 ? std::to_string(f.selected_epoch) + (f.tested() ? "" : " so far") : "-");
+    v.push_back(sel ? sel->numbers.at(f.select_metric) : kMissing);
+    row.push_back(sel ? (same_selection ? "" : f.select_metric + " ") + fixed(v.back(), 4) : "-");
+    for (const auto& p : protocols)
+      for (const auto& m : metrics) {
+        const MetricsRecord* t = nullptr;
+        for (const auto* r : tests)
+          if (r->text.count("candidates") && r->text.at("candidates") == p) t = r;
+        const bool has = t && t->numbers.count(m);
+        v.push_back(has ? t->numbers.at(m) : kMissing);
+        row.push_back(has ? fixed(v.back(), 4) : "-");
+      }
+    rows.push_back(row);
+    values.push_back(v);
+  }
+  std::vector<size_t> width(head.size(), 0);
+  for (size_t c = 0; c < head.size(); ++c) {
+    width[c] = head[c].size();
+    for (const auto& row : rows) width[c] = std::max(width[c], row[c].size());
+  }
+  const auto line = [&](const std::vector<std::string>& cells) {
+    std::string s;
+    for (size_t c = 0; c < cells.size(); ++c)
+      s += cells[c] + (c + 1 < cells.size() ? std::string(width[c] - cells[c].size() + 2, ' ') : "");
+    return s + "\n";
+  };
+
+  std::ostringstream out;
+  out << runs.size() << " runs; test figures are each run's model selected on validation";
+  if (same_selection && !runs[0].select_candidates.empty())
+    out << " (valid " << runs[0].select_metric << " under \"" << runs[0].select_candidates << "\")";
+  out << ", from its last test evaluation\n";
+  for (size_t p = 0; p < protocols.size(); ++p) out << "  [" << p + 1 << "] \"" << protocols[p] << "\"\n";
+  if (protocols.empty()) out << "  (no run has a test evaluation yet)\n";
+  out << line(head);
+  for (const auto& row : rows) out << line(row);
+
+  // Runs whose flags are equal but for the seed and how the run was executed: the spread over
+  // seeds, over the runs that have finished (been tested). Flags one run does not record (an
+  // older binary) are not compared.
+  static const std::vector<std::string> kExecution = {
+      "seed", "out", "resume", "threads", "comm", "host_allocator", "flagfile", "log_every", "prefetch",
+      "profile_steps", "profile_after", "checkpoint_every", "keep_checkpoints", "eval_batch", "replica_check_every"};
+  const auto alike = [&](const RunFacts& a, const RunFacts& b) {
+    if (a.flags.empty() || b.flags.empty()) return false;
+    for (const auto& [k, v] : a.flags) {
+      if (std::find(kExecution.begin(), kExecution.end(), k) != kExecution.end()) continue;
+      const auto it = b.flags.find(k);
+      if (it != b.flags.end() && it->second != v) return false;
+    }
+    return true;
+  };
+  std::vector<int> group(runs.size(), -1);
+  int groups = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (group[i] >= 0) continue;
+    group[i] = groups;
+    for (size_t j = i + 1; j < runs.size(); ++j)
+      if (group[j] < 0 && alike(runs[i], runs[j])) group[j] = groups;
+    ++groups;
+  }
+  bool any = false;
+  for (int g = 0; g < groups; ++g) {
+    std::vector<size_t> members, tested;
+    for (size_t i = 0; i < runs.size(); ++i)
+      if (group[i] == g) {
+        members.push_back(i);
+        if (runs[i].tested()) tested.push_back(i);
+      }
+    if (members.size() < 2) continue;
+    if (!any) out << "alike but for the seed (mean +- sample standard deviation over the finished runs):\n";
+    any = true;
+    std::string seeds;
+    for (size_t i : tested) seeds += (seeds.empty() ? "" : ", ") + (runs[i].flags.count("seed") ? runs[i].flags.at("seed") : "?");
+    out << "  " << runs[members[0]].model << ", " << members.size() << " runs, " << tested.size() << " finished"
+        << (tested.empty() ? "" : " (seeds " + seeds + ")");
+    if (tested.size() < 2) {
+      out << ": too few finished runs for a spread\n";
+      continue;
+    }
+    out << ":";
+    for (size_t c = 0; c < values[0].size(); ++c) {
+      std::vector<double> xs;
+      for (size_t i : tested)
+        if (!std::isnan(values[i][c])) xs.push_back(values[i][c]);
+      if (xs.size() < 2) continue;
+      double mean = 0;
+      for (double x : xs) mean += x;
+      mean /= static_cast<double>(xs.size());
+      double ss = 0;
+      for (double x : xs) ss += (x - mean) * (x - mean);
+      const double sd = std::sqrt(ss / static_cast<double>(xs.size() - 1));
+      out << (c == 0 ? " valid " : "; " + head[c + 5] + " ") << fixed(mean, 4) << " +- " << fixed(sd, 4)
+          << (xs.size() < tested.size() ? " (" + std::to_string(xs.size()) + " runs)" : "");
+    }
+    out << "\n";
+  }
   return out.str();
 }
 

@@ -27,4 +27,13 @@ bool is_run_directory(const std::string& dir);
 // malformed.
 std::string describe_run(const std::string& dir);
 
+// Two or more runs side by side (`seqrec info RUN RUN...`): per run its model, seed, status,
+// selected epoch and valid selection figure, and `metrics` of its last test evaluation under every
+// protocol any of the runs was tested with (numbered, listed above the table). Runs whose
+// flags.txt agree on everything but the seed and how they were executed (threads, output,
+// resume, logging) are grouped, with the mean and sample standard deviation of each figure over
+// the group's finished runs. Throws std::invalid_argument for fewer than two directories, no
+// metric, or a directory that is not a run.
+std::string compare_runs(const std::vector<std::string>& dirs, const std::vector<std::string>& metrics);
+
 }  // namespace seqrec::train

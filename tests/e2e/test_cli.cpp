@@ -120,6 +120,16 @@ TEST_F(Cli, TrainsEvaluatesAndReportsProtocols) {
   auto dinfo = run_seqrec("info " + data());
   ASSERT_EQ(dinfo.code, 0) << dinfo.output;
   EXPECT_TRUE(contains(dinfo.output, "300")) << dinfo.output;
+  // Several run directories side by side; the same run twice is a group of two runs alike but
+  // for the seed, with no spread. A path that is not a run is named.
+  auto both = run_seqrec("info " + run + " " + run + " --metrics NDCG@10,MRR");
+  ASSERT_EQ(both.code, 0) << both.output;
+  EXPECT_TRUE(contains(both.output, "[1] NDCG@10  [1] MRR")) << both.output;
+  EXPECT_TRUE(std::regex_search(both.output, std::regex(R"(sasrec, 2 runs, 2 finished \(seeds [0-9]+, [0-9]+\): valid [0-9.]+ \+- 0\.0000;)")))
+      << both.output;
+  auto notrun = run_seqrec("info " + run + " " + data());
+  EXPECT_NE(notrun.code, 0);
+  EXPECT_TRUE(contains(notrun.output, "'" + data() + "' is not a run directory")) << notrun.output;
 }
 
 TEST_F(Cli, LearnsTheSyntheticStructure) {

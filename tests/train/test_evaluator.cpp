@@ -287,4 +287,87 @@ TEST(RunSummary, DescribesSelectionTestAndStatus) {
   fs::remove_all(dir);
 }
 
+// Several runs side by side: one row each (model, seed, status, selection, each protocol's test
+// figures), the protocols numbered, and the runs that differ only in the seed (and in how they
+// were executed) grouped with the mean and sample standard deviation of their finished runs.
+TEST(RunSummary, ComparesRunsAndGroupsSeeds) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("seqrec-run-compare-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const std::string sampled = "sampled: 1 target + 100 uniform negatives not in the user's sequence";
+  const std::string full = "full ranking over all items, history not excluded";
+  const auto rec = [&](const char* split, int epoch, int step, const std::string& cand, double ndcg, double hr) {
+    return std::string("{\"dataset\":\"ml-1m\",\"split\":\"") + split + "\",\"epoch\":" + std::to_string(epoch) +
+           ",\"step\":" + std::to_string(step) + ",\"candidates\":\"" + cand + "\",\"tie\":\"pessimistic\",\"users\":6040" +
+           ",\"NDCG@10\":" + std::to_string(ndcg) + ",\"HR@10\":" + std::to_string(hr) + ",\"seconds\":1}\n";
+  };
+  // A run: flags.txt from `flags`, selected at epoch 5 (valid `valid`), tested when `test` >= 0.
+  const auto make = [&](const std::string& name, const std::string& flags, double valid, double test) {
+    const fs::path dir = root / name;
+    fs::create_directories(dir);
+    std::ofstream(dir / "flags.txt") << flags;
+    std::string log = "[setup] dataset=ml-1m users=6040\n[setup] model=linrec params=1\n"
+                      "[setup] model selection: valid NDCG@10 under \"" + sampled + "\"\n"
+                      "[select] new best valid NDCG@10=" + std::to_string(valid) + " at epoch 5\n";
+    std::string metrics = rec("valid", 5, 50, sampled, valid, 0.8) + rec("valid", 5, 50, full, 0.06, 0.14) +
+                          rec("valid", 10, 100, sampled, valid - 0.01, 0.8);
+    if (test >= 0) {
+      log += "[test] model selected on valid NDCG@10 at epoch 5\n";
+      metrics += rec("test", 5, 100, sampled, test, 0.81) + rec("test", 5, 100, full, test / 10, 0.13);
+    }
+    std::ofstream(dir / "train.log") << log;
+    std::ofstream(dir / "metrics.jsonl") << metrics;
+    return dir.string();
+  };
+  const std::string base = "model=linrec\nhidden=50\nthreads=1\n";
+  const auto a = make("a", base + "seed=42\nout=a\n", 0.61, 0.58);
+  const auto b = make("b", base + "seed=43\nout=b\nresume=auto\nthreads=2\n", 0.63, 0.60);
+  const auto c = make("c", base + "seed=44\nout=c\n", 0.62, -1);           // still training
+  const auto d = make("d", "model=linrec\nhidden=64\nseed=42\n", 0.70, 0.65);  // another setting
+
+  const std::string text = train::compare_runs({a, b, c, d}, {"HR@10", "NDCG@10"});
+  EXPECT_NE(text.find("4 runs; test figures are each run's model selected on validation (valid NDCG@10 under \"" +
+                      sampled + "\")"), std::string::npos) << text;
+  EXPECT_NE(text.find("  [1] \"" + sampled + "\"\n  [2] \"" + full + "\"\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("valid NDCG@10  [1] HR@10  [1] NDCG@10  [2] HR@10  [2] NDCG@10"), std::string::npos) << text;
+  const auto row = [&](const std::string& dir) {
+    const auto at = text.find(dir + " ");
+    return at == std::string::npos ? std::string() : text.substr(at, text.find('\n', at) - at);
+  };
+  // Columns are padded to the widest cell; compare with the padding squeezed out.
+  const auto squeeze = [](std::string s) {
+    std::string out;
+    for (char ch : s)
+      if (ch != ' ' || out.empty() || out.back() != ' ') out += ch;
+    return out;
+  };
+  EXPECT_EQ(squeeze(row(a)), a + " linrec 42 finished 5 0.6100 0.8100 0.5800 0.1300 0.0580") << text;
+  EXPECT_EQ(squeeze(row(c)), c + " linrec 44 unfinished 5 so far 0.6200 - - - -") << text;
+  // a and b differ in seed, output, resume and threads only: one group; c is not finished; d's
+  // width differs. Sample standard deviation of (0.58, 0.60) is 0.0141.
+  EXPECT_NE(text.find("  linrec, 3 runs, 2 finished (seeds 42, 43): valid 0.6200 +- 0.0141; [1] HR@10 0.8100 +- 0.0000; "
+                      "[1] NDCG@10 0.5900 +- 0.0141; [2] HR@10 0.1300 +- 0.0000; [2] NDCG@10 0.0590 +- 0.0014\n"),
+            std::string::npos) << text;
+  EXPECT_EQ(text.find("seeds 42)"), std::string::npos) << "d is alone in its group: " << text;
+
+  // A group with one finished run says so; a run tested twice is marked.
+  std::ofstream(fs::path(a) / "metrics.jsonl", std::ios::app) << rec("test", 5, 300, sampled, 0.57, 0.8);
+  const std::string two = train::compare_runs({a, c}, {"NDCG@10"});
+  EXPECT_NE(two.find("linrec, 2 runs, 1 finished (seeds 42): too few finished runs for a spread"), std::string::npos) << two;
+  EXPECT_NE(two.find("finished (test x2)"), std::string::npos) << two;
+  EXPECT_NE(two.find("0.5700"), std::string::npos) << "the last test evaluation: " << two;
+
+  // Bad input: one directory, no metric, a metric nobody recorded, a directory that is no run.
+  EXPECT_THROW(train::compare_runs({a}, {"NDCG@10"}), std::invalid_argument);
+  EXPECT_THROW(train::compare_runs({a, b}, {}), std::invalid_argument);
+  try {
+    train::compare_runs({a, b}, {"NDGC@10"});
+    ADD_FAILURE() << "an unknown metric was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'NDGC@10' (they have HR@10, NDCG@10)"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(train::compare_runs({a, (root / "nothing").string()}, {"NDCG@10"}), std::invalid_argument);
+  fs::remove_all(root);
+}
+
 }  // namespace
