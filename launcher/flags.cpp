@@ -201,7 +201,8 @@ void print_usage(const std::string& cmd) {
     return;
   }
   const auto& sc = subcommands().at(cmd);
-  std::printf("usage: seqrec %s [flags]\n  %s\n\nflags:\n", cmd.c_str(), sc.summary.c_str());
+  std::printf("usage: seqrec %s%s [flags]\n  %s\n\nflags:\n", cmd.c_str(),
+              cmd == "info" ? " [DATASET | CHECKPOINT | RUN | RUN RUN...]" : "", sc.summary.c_str());
   std::vector<std::string> names = sc.flags;
   names.push_back("threads");
   names.push_back("host_allocator");
