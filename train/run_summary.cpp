@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -121,12 +122,16 @@ std::string fixed(double v, int digits) {
   return buf;
 }
 
-// "HR@5=... HR@10=... NDCG@10=... MRR=..." in a fixed order, then any other metric.
+// The numbers of a metrics record that say where and how long, not how well.
+bool is_bookkeeping(const std::string& name) {
+  return name == "epoch" || name == "step" || name == "users" || name == "seconds";
+}
+
+// "HR@5=... HR@10=... NDCG@10=... MRR=..." in a fixed order, then any other metric; tied last.
 std::string format_metrics(const MetricsRecord& r) {
-  static const std::vector<std::string> kSkip = {"epoch", "step", "users", "seconds", "tied"};
   std::vector<std::string> names;
   for (const auto& [name, v] : r.numbers)
-    if (std::find(kSkip.begin(), kSkip.end(), name) == kSkip.end()) names.push_back(name);
+    if (!is_bookkeeping(name) && name != "tied") names.push_back(name);
   const auto rank = [](const std::string& name) {
     const auto at = name.find('@');
     const std::string family = name.substr(0, at);
@@ -390,22 +395,17 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
     runs.push_back(read_run(d));
   }
   // A metric no evaluation of any run recorded is a typo, not a missing figure.
-  for (const auto& m : metrics) {
-    bool seen = false;
-    std::vector<std::string> known;
-    for (const auto& f : runs)
-      for (const auto& r : f.records)
-        for (const auto& [name, v] : r.numbers) {
-          seen = seen || (name == m && m != "epoch" && m != "step" && m != "users" && m != "seconds");
-          if (name.find('@') != std::string::npos && std::find(known.begin(), known.end(), name) == known.end())
-            known.push_back(name);
-        }
-    if (!seen && !known.empty()) {
+  std::set<std::string> recorded;
+  for (const auto& f : runs)
+    for (const auto& r : f.records)
+      for (const auto& [name, v] : r.numbers)
+        if (!is_bookkeeping(name)) recorded.insert(name);
+  for (const auto& m : metrics)
+    if (!recorded.empty() && !recorded.count(m)) {
       std::string list;
-      for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+      for (const auto& k : recorded) list += (list.empty() ? "" : ", ") + k;
       throw std::invalid_argument("no evaluation of these runs recorded the metric '" + m + "' (they have " + list + ")");
     }
-  }
   // The test protocols, numbered in the order they first appear.
   std::vector<std::string> protocols;
   for (const auto& f : runs)
