@@ -487,6 +487,22 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
     }
     return true;
   };
+  // The flags on which some two runs disagree (ignoring how a run was executed): they name each
+  // group, so that two groups of one model tell apart ("flash4rec (flash_unit=mhsa)").
+  std::set<std::string> differing;
+  for (size_t i = 0; i < runs.size(); ++i)
+    for (size_t j = i + 1; j < runs.size(); ++j)
+      for (const auto& [k, v] : runs[i].flags) {
+        if (k == "model" || std::find(kExecution.begin(), kExecution.end(), k) != kExecution.end()) continue;
+        const auto it = runs[j].flags.find(k);
+        if (it != runs[j].flags.end() && it->second != v) differing.insert(k);
+      }
+  const auto label = [&](const RunFacts& f) {
+    std::string named;
+    for (const auto& k : differing)
+      if (f.flags.count(k)) named += (named.empty() ? "" : ", ") + k + "=" + f.flags.at(k);
+    return (f.model.empty() ? std::string("?") : f.model) + (named.empty() ? "" : " (" + named + ")");
+  };
   std::vector<int> group(runs.size(), -1);
   int groups = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
@@ -509,7 +525,7 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
     any = true;
     std::string seeds;
     for (size_t i : tested) seeds += (seeds.empty() ? "" : ", ") + (runs[i].flags.count("seed") ? runs[i].flags.at("seed") : "?");
-    out << "  " << runs[members[0]].model << ", " << members.size() << " runs, " << tested.size() << " finished"
+    out << "  " << label(runs[members[0]]) << ", " << members.size() << " runs, " << tested.size() << " finished"
         << (tested.empty() ? "" : " (seeds " + seeds + ")");
     if (tested.size() < 2) {
       out << ": too few finished runs for a spread\n";

@@ -345,11 +345,18 @@ TEST(RunSummary, ComparesRunsAndGroupsSeeds) {
   EXPECT_EQ(squeeze(row(a)), a + " linrec 42 finished 5 0.6100 0.8100 0.5800 0.1300 0.0580") << text;
   EXPECT_EQ(squeeze(row(c)), c + " linrec 44 unfinished 5 so far 0.6200 - - - -") << text;
   // a and b differ in seed, output, resume and threads only: one group; c is not finished; d's
-  // width differs. Sample standard deviation of (0.58, 0.60) is 0.0141.
-  EXPECT_NE(text.find("  linrec, 3 runs, 2 finished (seeds 42, 43): valid 0.6200 +- 0.0141; [1] HR@10 0.8100 +- 0.0000; "
+  // width differs, which names the group. Sample standard deviation of (0.58, 0.60) is 0.0141.
+  EXPECT_NE(text.find("  linrec (hidden=50), 3 runs, 2 finished (seeds 42, 43): valid 0.6200 +- 0.0141; [1] HR@10 0.8100 +- 0.0000; "
                       "[1] NDCG@10 0.5900 +- 0.0141; [2] HR@10 0.1300 +- 0.0000; [2] NDCG@10 0.0590 +- 0.0014\n"),
             std::string::npos) << text;
   EXPECT_EQ(text.find("seeds 42)"), std::string::npos) << "d is alone in its group: " << text;
+
+  // Two groups of one model are each named by the flags that set them apart; execution flags
+  // (threads, resume, out) and the seed name none.
+  const auto e = make("e", "model=linrec\nhidden=64\nseed=43\nthreads=2\n", 0.72, 0.67);
+  const std::string pair = train::compare_runs({a, b, d, e}, {"NDCG@10"});
+  EXPECT_NE(pair.find("  linrec (hidden=50), 2 runs, 2 finished (seeds 42, 43): valid 0.6200"), std::string::npos) << pair;
+  EXPECT_NE(pair.find("  linrec (hidden=64), 2 runs, 2 finished (seeds 42, 43): valid 0.7100"), std::string::npos) << pair;
 
   // A group with one finished run says so; a run tested twice is marked.
   std::ofstream(fs::path(a) / "metrics.jsonl", std::ios::app) << rec("test", 5, 300, sampled, 0.57, 0.8);
