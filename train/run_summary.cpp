@@ -478,25 +478,26 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
   static const std::vector<std::string> kExecution = {
       "seed", "out", "resume", "threads", "comm", "host_allocator", "flagfile", "log_every", "prefetch",
       "profile_steps", "profile_after", "checkpoint_every", "keep_checkpoints", "eval_batch", "replica_check_every"};
-  const auto alike = [&](const RunFacts& a, const RunFacts& b) {
-    if (a.flags.empty() || b.flags.empty()) return false;
+  // The setting flags (not how the run was executed) on which a and b disagree.
+  const auto disagreements = [&](const RunFacts& a, const RunFacts& b) {
+    std::vector<std::string> keys;
     for (const auto& [k, v] : a.flags) {
       if (std::find(kExecution.begin(), kExecution.end(), k) != kExecution.end()) continue;
       const auto it = b.flags.find(k);
-      if (it != b.flags.end() && it->second != v) return false;
+      if (it != b.flags.end() && it->second != v) keys.push_back(k);
     }
-    return true;
+    return keys;
   };
-  // The flags on which some two runs disagree (ignoring how a run was executed): they name each
-  // group, so that two groups of one model tell apart ("flash4rec (flash_unit=mhsa)").
+  const auto alike = [&](const RunFacts& a, const RunFacts& b) {
+    return !a.flags.empty() && !b.flags.empty() && disagreements(a, b).empty();
+  };
+  // The flags on which some two runs disagree: they name each group, so that two groups of one
+  // model tell apart ("flash4rec (flash_unit=mhsa)"). The model is named anyway.
   std::set<std::string> differing;
   for (size_t i = 0; i < runs.size(); ++i)
     for (size_t j = i + 1; j < runs.size(); ++j)
-      for (const auto& [k, v] : runs[i].flags) {
-        if (k == "model" || std::find(kExecution.begin(), kExecution.end(), k) != kExecution.end()) continue;
-        const auto it = runs[j].flags.find(k);
-        if (it != runs[j].flags.end() && it->second != v) differing.insert(k);
-      }
+      for (const auto& k : disagreements(runs[i], runs[j]))
+        if (k != "model") differing.insert(k);
   const auto label = [&](const RunFacts& f) {
     std::string named;
     for (const auto& k : differing)
