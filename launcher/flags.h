@@ -6,6 +6,7 @@
 
 DECLARE_int32(threads);
 DECLARE_string(comm);
+DECLARE_string(device);
 DECLARE_uint64(seed);
 DECLARE_bool(progress);
 // prepare

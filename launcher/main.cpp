@@ -219,6 +219,7 @@ int cmd_train(dist::Comm& comm) {
   o.loader.batch_size = FLAGS_batch_size;
   o.loader.seed = FLAGS_seed;
   o.loader.prefetch = FLAGS_prefetch;
+  o.device = FLAGS_device;
   o.loss = FLAGS_loss;
   o.adam.lr = FLAGS_lr;
   o.adam.beta1 = FLAGS_beta1;
@@ -263,7 +264,7 @@ int cmd_eval(dist::Comm& comm) {
   require(!FLAGS_data.empty(), "--data is required");
   require(FLAGS_split == "valid" || FLAGS_split == "test", "--split must be 'valid' or 'test', got '" + FLAGS_split + "'");
   train::run_evaluation(FLAGS_checkpoint, FLAGS_data, FLAGS_split == "valid" ? train::Split::kValid : train::Split::kTest,
-                        eval_protocol_from_flags(), eval_options_from_flags(), comm);
+                        eval_protocol_from_flags(), eval_options_from_flags(), comm, FLAGS_device);
   return 0;
 }
 

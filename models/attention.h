@@ -48,7 +48,8 @@ class AttentionModuleImpl : public torch::nn::Module {
 // forward and read by every layer (FLASH4Rec's user-aware gate).
 class UserEncoderImpl : public torch::nn::Module {
  public:
-  virtual at::Tensor forward(const UserInput& users, int64_t batch) = 0;
+  // [batch, D] on `device` (the input's: a model without user parameters has no other to go by).
+  virtual at::Tensor forward(const UserInput& users, int64_t batch, const at::Device& device) = 0;
 };
 
 // Optional front end of the backbone: turns the scaled item embeddings of the input into the

@@ -133,10 +133,11 @@ class TransformerRecImpl : public torch::nn::Module {
   // One online step: the new item's hidden state from its embedding and the coder's state.
   at::Tensor online_step(int64_t item, at::Tensor& state) {
     TORCH_CHECK(!is_training(), "online sessions run in evaluation mode (set_training(false))");
-    auto ids = torch::full({1, 1}, item, torch::kLong);
+    const auto on = torch::TensorOptions().device(items_->weight.device());
+    auto ids = torch::full({1, 1}, item, on.dtype(torch::kLong));
     AttentionContext ctx;
-    ctx.key_padding = torch::zeros({1, 1}, torch::kBool);
-    ctx.positions = positions_(torch::full({1}, o_.max_len - 1, torch::kLong));
+    ctx.key_padding = torch::zeros({1, 1}, on.dtype(torch::kBool));
+    ctx.positions = positions_(torch::full({1}, o_.max_len - 1, on.dtype(torch::kLong)));
     auto x = coder_->online_step(items_(ids) * std::sqrt(static_cast<double>(o_.hidden)), state, ctx);
     if (positions_at_input_) x = x + ctx.positions.unsqueeze(0);
     for (size_t i = 0; i + 1 < blocks_.size(); ++i) x = blocks_[i]->forward(x, ctx);
@@ -163,7 +164,7 @@ class TransformerRecImpl : public torch::nn::Module {
     ctx.key_padding = input.eq(0);
     ctx.causal = !cloze_;
     ctx.users = users;
-    if (users_) ctx.user = users_->forward(users, input.size(0));
+    if (users_) ctx.user = users_->forward(users, input.size(0), input.device());
     keep = ctx.key_padding.logical_not().unsqueeze(-1).to(items_->weight.scalar_type());
     // Positions count from the right edge so the most recent item always has the same
     // position whatever the padding (sequences are left-padded).
@@ -258,6 +259,7 @@ class BackboneModel : public SequenceModel {
     return out;
   }
   void set_training(bool on) override { net_->train(on); }
+  void to(const at::Device& device) override { net_->to(device); }
   std::vector<std::string> expert_parameters() override {
     std::vector<std::string> out;
     for (size_t i = 0; i < net_->blocks().size(); ++i)

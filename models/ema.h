@@ -5,10 +5,20 @@
 
 namespace seqrec::models {
 
+// The pending statistics are not module buffers (they are never checkpointed: a checkpoint
+// is written after they were folded in), so a module's to(device) leaves them behind; the
+// modules call this before touching them to keep them where the EMA buffers are.
+inline void follow_device(at::Tensor& pending_count, at::Tensor& pending_sum, const at::Tensor& buffer) {
+  if (pending_count.device() == buffer.device()) return;
+  pending_count = pending_count.to(buffer.device());
+  pending_sum = pending_sum.to(buffer.device());
+}
+
 // count [..., n] and sum [..., n, d] decay towards the pending (already all-reduced) counts
 // and sums of one step; the pending tensors are cleared.
 inline void ema_fold(at::Tensor& count, at::Tensor& sum, at::Tensor& pending_count, at::Tensor& pending_sum,
                      double decay) {
+  follow_device(pending_count, pending_sum, count);
   count.mul_(decay).add_(pending_count, 1 - decay);
   sum.mul_(decay).add_(pending_sum, 1 - decay);
   pending_count.zero_();

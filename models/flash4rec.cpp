@@ -49,8 +49,8 @@ class UserVectorImpl : public UserEncoderImpl {
     }
   }
 
-  at::Tensor forward(const UserInput& users, int64_t batch) override {
-    auto options = torch::TensorOptions().dtype(torch::kFloat32);
+  at::Tensor forward(const UserInput& users, int64_t batch, const at::Device& device) override {
+    auto options = torch::TensorOptions().dtype(torch::kFloat32).device(device);
     if (mode_ == "features") {
       TORCH_CHECK(users.features.defined() && users.features.size(0) == batch &&
                       users.features.size(1) == static_cast<int64_t>(features_.size()),
@@ -134,11 +134,12 @@ class GatedAttentionUnitImpl : public AttentionModuleImpl {
 at::Tensor priority(const at::Tensor& real, const at::Tensor& users) {
   if (!users.defined() || users.size(0) != real.size(0)) return {};
   const int64_t B = real.size(0), L = real.size(1);
-  auto keys = torch::empty({real.sum().item<int64_t>()}, torch::kInt64);
+  // Host work on host copies (the keys stay on the host: the MoE's slot bookkeeping runs there).
+  auto r = real.to(torch::kCPU).contiguous();
+  auto keys = torch::empty({r.sum().item<int64_t>()}, torch::kInt64);
   auto* out = keys.data_ptr<int64_t>();
-  auto r = real.contiguous();
   const auto* mask = r.data_ptr<bool>();
-  auto u = users.to(torch::kInt64).contiguous();
+  auto u = users.to(torch::kCPU).to(torch::kInt64).contiguous();
   const auto* id = u.data_ptr<int64_t>();
   int64_t n = 0;
   for (int64_t b = 0; b < B; ++b)

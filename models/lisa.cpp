@@ -82,6 +82,7 @@ class QuantizerImpl : public torch::nn::Module {
       }
       if (collect && ema_ && is_training()) {
         torch::NoGradGuard no_grad;
+        follow_device(pending_count_, pending_sum_, ema_count_);
         auto h = hard * count.unsqueeze(1).to(hard.scalar_type());
         pending_count_[b] += h.sum(0);
         pending_sum_[b] += torch::matmul(h.t(), r.detach());
@@ -94,7 +95,11 @@ class QuantizerImpl : public torch::nn::Module {
     return {recon, torch::stack(weights, 1), torch::stack(index, 1)};
   }
 
-  std::vector<at::Tensor> pending() { return ema_ ? std::vector<at::Tensor>{pending_count_, pending_sum_} : std::vector<at::Tensor>{}; }
+  std::vector<at::Tensor> pending() {
+    if (!ema_) return {};
+    follow_device(pending_count_, pending_sum_, ema_count_);
+    return {pending_count_, pending_sum_};
+  }
 
   // One EMA update from the (already all-reduced) pending sums, then clear them.
   void apply() {

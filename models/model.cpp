@@ -322,6 +322,11 @@ std::string signature_difference(const std::string& a, const std::string& b) {
   return diff;
 }
 
+void SequenceModel::to(const at::Device& device) {
+  if (!device.is_cpu())
+    throw std::invalid_argument("model '" + options().model + "' cannot move to " + device.str());
+}
+
 std::unique_ptr<OnlineSession> SequenceModel::online_session() {
   throw std::invalid_argument("model '" + options().model + "' has no constant-size online state");
 }

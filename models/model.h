@@ -165,6 +165,11 @@ class SequenceModel {
   // State that is not trained by gradient but must be checkpointed (EMA statistics, ...).
   virtual NamedTensors named_buffers() = 0;
   virtual void set_training(bool on) = 0;
+  // Moves every parameter and buffer (and any state kept beside them) to `device`; the model's
+  // inputs must then live there too. The default accepts the CPU only (where models are built).
+  virtual void to(const at::Device& device);
+  // Where the parameters live.
+  virtual at::Device device() { return item_embeddings().device(); }
   // Statistics that must be summed across ranks before apply_statistics() updates the model
   // (LISA's EMA codebooks); fixed shapes, so every rank takes part even without a forward.
   virtual std::vector<at::Tensor> pending_statistics() { return {}; }

@@ -72,7 +72,10 @@ class RoutingAttentionImpl : public AttentionModuleImpl {
     return out_(o.transpose(1, 2).reshape({B, L, heads_ * dh_}));
   }
 
-  std::vector<at::Tensor> pending_statistics() override { return {pending_count_, pending_sum_}; }
+  std::vector<at::Tensor> pending_statistics() override {
+    follow_device(pending_count_, pending_sum_, ema_count_);
+    return {pending_count_, pending_sum_};
+  }
 
   void apply_statistics() override {
     torch::NoGradGuard no_grad;
@@ -96,6 +99,7 @@ class RoutingAttentionImpl : public AttentionModuleImpl {
     auto real = key_padding.logical_not().unsqueeze(1).expand_as(cluster);     // [B, Hr, L]
     {
       torch::NoGradGuard no_grad;
+      follow_device(pending_count_, pending_sum_, ema_count_);
       for (int64_t h = 0; h < routed_; ++h) {
         auto m = real.select(1, h).reshape({-1});
         auto idx = cluster.select(1, h).reshape({-1}).masked_select(m);

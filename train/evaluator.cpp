@@ -56,6 +56,12 @@ models::UserInput user_input(const at::Tensor& ids, const io::UserSequences& seq
   return u;
 }
 
+models::UserInput on_device(models::UserInput users, const at::Device& device) {
+  if (users.ids.defined()) users.ids = users.ids.to(device);
+  if (users.features.defined()) users.features = users.features.to(device);
+  return users;
+}
+
 int64_t pessimistic_rank(const float* scores, int64_t n) {
   const float t = scores[0];
   int64_t rank = 1;
@@ -130,6 +136,8 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
   sums["tied"] = 0;  // every key exists on every rank: the packed all-reduce below has one size
 
   at::Tensor table = model.item_embeddings();
+  // Batches are assembled on the host and scored where the model lives.
+  const at::Device device = table.device();
   // Cloze-trained models read the history followed by a [mask] slot whose output scores the
   // next item (BERT4Rec's protocol).
   const bool cloze = model.options().objective == "cloze";
@@ -189,7 +197,12 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
     }
     auto ids = nb == 0 ? torch::zeros({0}, torch::kInt64)
                        : torch::from_blob(const_cast<int64_t*>(users.data() + b0), {nb}, torch::kInt64).clone();
-    auto h = model.encode_last(input, user_input(ids, seqs, meta)).contiguous();  // [nb, D]
+    if (!device.is_cpu()) {
+      input = input.to(device);
+      targets = targets.to(device);
+      if (cands.defined()) cands = cands.to(device);
+    }
+    auto h = model.encode_last(input, on_device(user_input(ids, seqs, meta), device)).contiguous();  // [nb, D]
     at::Tensor scores;
     if (protocol.sampled) {
       scores = torch::bmm(table.index_select(0, cands.view({-1})).view({nb, C, table.size(1)}), h.unsqueeze(2))
@@ -204,7 +217,8 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
           const int64_t u = users[b0 + r];
           const int64_t hist = seqs.length(u) - history_offset;
           auto idx = torch::from_blob(const_cast<int32_t*>(seqs.items_of(u)), {hist}, torch::kInt32)
-                         .to(torch::kInt64);
+                         .to(torch::kInt64)
+                         .to(device);
           full[r].index_fill_(0, idx, neg_inf);
         }
       }
@@ -212,7 +226,7 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
       full.scatter_(1, targets.unsqueeze(1), neg_inf);
       scores = torch::cat({target_scores, full}, 1);
     }
-    scores = scores.to(torch::kFloat32).contiguous();
+    scores = scores.to(torch::kCPU).to(torch::kFloat32).contiguous();
     const auto* sc = scores.data_ptr<float>();
     const int64_t width = scores.size(1);
     for (int64_t r = 0; r < nb; ++r) {

@@ -66,6 +66,8 @@ EvalResult evaluate(models::SequenceModel& model, const io::UserSequences& seqs,
 // The rows' users as the models read them: their ids and, when the dataset has user features,
 // their feature codes ([n, F], from this rank's shard range, which must hold every id).
 models::UserInput user_input(const at::Tensor& ids, const io::UserSequences& seqs, const io::DatasetMeta& meta);
+// The same rows' tensors on `device` (no copy where they already are).
+models::UserInput on_device(models::UserInput users, const at::Device& device);
 
 // Rank of the target (1 = best) among candidates; ties count against the target.
 // scores[0] is the target; returns 1 + #{j > 0 : scores[j] >= scores[0]}.

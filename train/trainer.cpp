@@ -31,6 +31,7 @@
 #include "ops/profile_scope.h"
 #include "ops/softmax_loss/softmax_loss.h"
 #include "train/checkpoint.h"
+#include "train/device.h"
 #include "train/host_allocator.h"
 #include "train/profiler.h"
 
@@ -438,6 +439,17 @@ void inject_divergence(models::SequenceModel& model, const DivergeFault& f) {
   fault_target(model, f).view(-1)[0] += 1e-3;
 }
 
+// --device for a run of `world` ranks. A CUDA run is one process on one device for now: the
+// MPI backend moves host tensors, and the NCCL backend (DESIGN.md) is not built yet.
+at::Device run_device(const std::string& text, int world) {
+  const at::Device device = parse_device_name(text);
+  if (!device.is_cpu() && world > 1)
+    throw std::invalid_argument("--device " + text + " runs on one rank; this run has " + std::to_string(world) +
+                                " (data parallelism across GPUs needs the NCCL backend, not built yet)");
+  check_device_usable(device, text);
+  return device;
+}
+
 }  // namespace
 
 // The run proper, once the run directory is this invocation's (run_training below).
@@ -486,6 +498,9 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
     runtime.expert_group = layout.ep;
   }
   auto model = models::make_model(mo, runtime);
+  // Built (and initialised) on the CPU, identically on every rank and device, then moved.
+  const at::Device device = run_device(o.device, world);
+  if (!device.is_cpu()) model->to(device);
   if (P > 1)
     for (auto& n : model->expert_parameters()) layout.experts.insert(n);
   auto named = model->named_parameters();
@@ -518,6 +533,7 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
   CheckpointManager ckpt({o.out + "/checkpoints", o.keep_checkpoints}, comm);
   CheckpointManager best_ckpt({o.out + "/best", 1}, comm);
   seed_generator(o.seed * 1000003ull + static_cast<uint64_t>(rank));
+  seed_device_generator(device, o.seed * 1000003ull + static_cast<uint64_t>(rank));
 
   Progress p;
   std::optional<std::string> resume_from;
@@ -565,8 +581,14 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
       log.line("[resume] saved with " + std::to_string(saved_world) + " ranks, resuming with " +
                std::to_string(world) + ": dropout streams re-seeded");
       seed_generator(o.seed * 1000003ull + static_cast<uint64_t>(rank) + 7919ull * p.step);
+      seed_device_generator(device, o.seed * 1000003ull + static_cast<uint64_t>(rank) + 7919ull * p.step);
     } else if (loaded.per_rank && loaded.per_rank->has_tensor("rng/cpu")) {
       set_generator_state(loaded.per_rank->tensor("rng/cpu"));
+      // A checkpoint written on another device type has no state for this one: re-seeded.
+      if (loaded.per_rank->has_tensor("rng/cuda") && device.is_cuda())
+        set_device_generator_state(device, loaded.per_rank->tensor("rng/cuda"));
+      else if (device.is_cuda())
+        seed_device_generator(device, o.seed * 1000003ull + static_cast<uint64_t>(rank) + 7919ull * p.step);
     }
     loader.seek(c);
     log.line("[resume] " + *resume_from + ": step " + std::to_string(p.step) + ", epoch " +
@@ -575,7 +597,8 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
 
   log.line("[setup] dataset=" + meta.name + " users=" + std::to_string(meta.num_users) +
            " items=" + std::to_string(meta.num_items) + " events=" + std::to_string(meta.num_events) +
-           " ranks=" + std::to_string(world) + " threads/rank=" + std::to_string(at::get_num_threads()));
+           " ranks=" + std::to_string(world) + " threads/rank=" + std::to_string(at::get_num_threads()) +
+           " device=" + device.str());
   if (!o.allocator.empty()) log.line("[setup] allocator: " + o.allocator);
   log.line(std::string("[setup] split: ") + io::kSplitRule);
   log.line("[setup] model=" + mo.model + " params=" + std::to_string(num_params) + " max_len=" +
@@ -596,6 +619,7 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
   }
 
   TrainSummary summary;
+  reset_device_peak(device);
   int64_t last_saved_step = resume_from ? p.step : -1;
   const int64_t steps_per_epoch = loader.steps_per_epoch();
   // Parameters and statistics-driven buffers (EMA centroids and codebooks) must be equal on
@@ -610,8 +634,9 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
   };
   auto save_checkpoint = [&] {
     check_replicas("before the checkpoint at step " + std::to_string(p.step));
-    ckpt.save(p.step, make_snapshot(*model, adam, loader.cursor(), p, o, world, layout, rank),
-              TensorBundle{{{"rng/cpu", generator_state()}}, {}});
+    TensorBundle rng{{{"rng/cpu", generator_state()}}, {}};
+    if (device.is_cuda()) rng.tensors.emplace_back("rng/cuda", device_generator_state(device));
+    ckpt.save(p.step, make_snapshot(*model, adam, loader.cursor(), p, o, world, layout, rank), rng);
     last_saved_step = p.step;
   };
   auto evaluate_and_log = [&](Split split, const EvalProtocol& proto, int64_t epoch) {
@@ -709,6 +734,11 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
       return loader.next();
     }();
     if (mo.objective == "cloze") batch = cloze_batch(batch, o.mask_prob, o.seed, models::mask_item(mo));
+    if (!device.is_cpu()) {  // the user ids stay on the host, where user_input reads them
+      batch.input = batch.input.to(device);
+      batch.pos = batch.pos.to(device);
+      batch.neg = batch.neg.to(device);
+    }
     const double local_targets = static_cast<double>(batch.pos.ne(0).sum().item<int64_t>());
     // One small all-reduce: global target count, stop flag, and rank 0's "print now".
     auto control = torch::tensor({local_targets, (o.stop_requested && o.stop_requested()) ? 1.0 : 0.0,
@@ -721,7 +751,7 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
 
     double local_loss = 0;
     if (local_targets > 0 || layout.lockstep) {
-      const auto users = user_input(batch.users, seqs, meta);
+      const auto users = on_device(user_input(batch.users, seqs, meta), device);
       at::Tensor loss;
       {
         SEQREC_PROFILE_SCOPE("seqrec::forward");
@@ -815,8 +845,10 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
   auto peak = torch::tensor({static_cast<double>(usage.ru_maxrss) / 1024.0}, torch::kFloat64);  // KiB -> MiB
   if (world > 1) comm.all_reduce(peak, dist::ReduceOp::kMax);
   summary.peak_rss_mib = peak.item<double>();
+  summary.peak_device_mib = device_peak_mib(device);
   log.line("[done] steps=" + std::to_string(p.step) + " train time/epoch=" + fmt(summary.seconds_per_epoch, 2) +
-           " s peak RSS/rank=" + fmt(summary.peak_rss_mib, 0) + " MiB");
+           " s peak RSS/rank=" + fmt(summary.peak_rss_mib, 0) + " MiB" +
+           (device.is_cuda() ? " peak GPU memory allocated=" + fmt(summary.peak_device_mib, 0) + " MiB" : ""));
   if (host_allocator_installed()) {  // this rank's; in-use and cached blocks are part of the RSS above
     const auto h = host_allocator_stats();
     const auto mib = [](int64_t b) { return fmt(static_cast<double>(b) / (1 << 20), 0); };
@@ -851,6 +883,7 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   // not at the first validation).
   const io::DatasetMeta meta = io::read_meta(o.data);
   check_protocol(o.select_protocol, meta);
+  run_device(o.device, comm.size());  // a device this run cannot use fails before anything is written
   // A directory that holds a run's checkpoints belongs to that run: without --resume nothing
   // in it is touched, flags.txt and train.log included.
   if (o.resume.empty() && CheckpointManager({o.out + "/checkpoints", 1}, comm).latest())
@@ -886,7 +919,9 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
 }
 
 void run_evaluation(const std::string& checkpoint_dir, const std::string& data, Split split,
-                    const EvalProtocol& protocol, const EvalOptions& eval, dist::Comm& comm) {
+                    const EvalProtocol& protocol, const EvalOptions& eval, dist::Comm& comm,
+                    const std::string& device_name) {
+  const at::Device device = run_device(device_name, comm.size());
   const std::string dir = resolve_checkpoint(checkpoint_dir, comm);
   CheckpointManager mgr({checkpoint_dir, 1}, comm);
   auto loaded = mgr.load(dir);
@@ -897,6 +932,7 @@ void run_evaluation(const std::string& checkpoint_dir, const std::string& data, 
                              " has " + std::to_string(meta.num_items));
   const io::UserSequences seqs = io::load_shards(data, meta, comm.rank(), comm.size());
   auto model = models::make_model(mo);
+  if (!device.is_cpu()) model->to(device);
   load_parameters(*model, loaded.shared, dir);
   std::vector<double> popularity;
   if (protocol.sampled && protocol.popularity) popularity = item_popularity(seqs, meta, comm);

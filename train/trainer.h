@@ -23,6 +23,7 @@ struct TrainOptions {
   models::ModelOptions model;       // num_items is filled from the dataset
   io::LoaderOptions loader;
   std::string allocator;            // which heap allocator serves the process, for the [setup] log
+  std::string device = "cpu";       // cpu | cuda | cuda:N (one rank per process; see train/device.h)
   std::string loss = "bce";         // bce (1 negative per position) | ce (softmax over all items)
   double mask_prob = 0.2;           // cloze objective: probability that a training item is masked
   AdamOptions adam;
@@ -61,6 +62,7 @@ struct TrainSummary {
   bool stopped_by_signal = false;
   double seconds_per_epoch = 0;
   double peak_rss_mib = 0;  // peak resident memory of this sitting, the largest over the ranks
+  double peak_device_mib = 0;  // --device cuda: peak GPU memory allocated in this sitting's training
 };
 
 // Collective over comm. Throws std::runtime_error / std::invalid_argument with a message
@@ -70,6 +72,7 @@ TrainSummary run_training(const TrainOptions& options, dist::Comm& comm);
 // Loads the parameters of a checkpoint directory (a `checkpoints/step-*` or `best`) into a
 // model built from the checkpoint's own model options, and evaluates it.
 void run_evaluation(const std::string& checkpoint_dir, const std::string& data, Split split,
-                    const EvalProtocol& protocol, const EvalOptions& eval, dist::Comm& comm);
+                    const EvalProtocol& protocol, const EvalOptions& eval, dist::Comm& comm,
+                    const std::string& device = "cpu");
 
 }  // namespace seqrec::train

@@ -159,6 +159,80 @@ TEST_P(ModelContract, SignatureRoundTrips) {
   EXPECT_TRUE(signature_difference(model_signature(o), model_signature(o)).empty());
 }
 
+// The GPU tier (skipped where no CUDA device is visible): a model moved to the device computes
+// what its CPU twin computes, in evaluation and through two training steps (gradients, the
+// MoE's noisy gating and Top-K attention dropout, whose bits are drawn on the host, and the
+// EMA statistics). Tolerance: 1e-4 absolute + 1e-3 relative, float32 reduction order apart.
+TEST_P(ModelContract, RunsOnCudaAsOnCpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: this check runs on a GPU machine";
+  const at::Device cuda(at::kCUDA, 0);
+  auto o = options(GetParam());
+  o.num_users = 3;
+  auto cpu = make_model(o), gpu = make_model(o);
+  gpu->to(cuda);
+  for (auto& named : {gpu->named_parameters(), gpu->named_buffers()})
+    for (auto& [name, t] : named) ASSERT_TRUE(t.device() == cuda) << name << " stayed on " << t.device();
+  EXPECT_TRUE(gpu->device() == cuda);
+  auto input = torch::cat({seq(long_items(40, 4), 40), seq({2, 4, 6}, 40), seq({9}, 40)});
+  UserInput users;
+  users.ids = torch::arange(3, torch::kInt64);
+  UserInput users_gpu;
+  users_gpu.ids = users.ids.to(cuda);
+  const auto close = [](const at::Tensor& a, const at::Tensor& b) {
+    return torch::allclose(a, b.to(torch::kCPU), 1e-3, 1e-4);
+  };
+  {
+    cpu->set_training(false);
+    gpu->set_training(false);
+    torch::NoGradGuard g;
+    auto a = cpu->encode(input, users), b = gpu->encode(input.to(cuda), users_gpu);
+    EXPECT_TRUE(b.device() == cuda);
+    EXPECT_TRUE(close(a, b)) << (a - b.cpu()).abs().max();
+    auto la = cpu->encode_last(input, users), lb = gpu->encode_last(input.to(cuda), users_gpu);
+    EXPECT_TRUE(close(la, lb)) << (la - lb.cpu()).abs().max();
+  }
+  cpu->set_training(true);
+  gpu->set_training(true);
+  for (int step = 0; step < 2; ++step) {
+    at::Tensor losses[2];
+    for (int i = 0; i < 2; ++i) {
+      auto& m = i == 0 ? cpu : gpu;
+      torch::manual_seed(11 + step);  // the same host draws (MoE noise, Top-K dropout) for both
+      auto h = m->encode(i == 0 ? input : input.to(cuda), i == 0 ? users : users_gpu);
+      auto loss = torch::matmul(h, m->item_embeddings().t()).logsumexp(-1).sum();
+      if (auto aux = m->take_auxiliary_loss(); aux.defined()) loss = loss + aux;
+      loss.backward();
+      losses[i] = loss.detach();
+    }
+    ASSERT_TRUE(close(losses[0], losses[1])) << "step " << step << ": " << losses[0] << " vs " << losses[1];
+    auto pc = cpu->named_parameters(), pg = gpu->named_parameters();
+    ASSERT_EQ(pc.size(), pg.size());
+    torch::NoGradGuard g;
+    for (size_t i = 0; i < pc.size(); ++i) {
+      ASSERT_TRUE(pg[i].second.grad().defined() == pc[i].second.grad().defined()) << pc[i].first;
+      if (!pc[i].second.grad().defined()) continue;
+      EXPECT_TRUE(close(pc[i].second.grad(), pg[i].second.grad()))
+          << "step " << step << " grad of " << pc[i].first << ": " << (pc[i].second.grad() - pg[i].second.grad().cpu()).abs().max();
+      // One plain SGD step on both keeps them comparable for the next step.
+      pc[i].second.sub_(pc[i].second.grad() * 0.01);
+      pg[i].second.sub_(pg[i].second.grad() * 0.01);
+      pc[i].second.mutable_grad().zero_();
+      pg[i].second.mutable_grad().zero_();
+    }
+    auto sc = cpu->pending_statistics(), sg = gpu->pending_statistics();
+    ASSERT_EQ(sc.size(), sg.size());
+    for (size_t i = 0; i < sc.size(); ++i) {
+      EXPECT_TRUE(sg[i].device() == cuda) << "pending statistic " << i;
+      EXPECT_TRUE(close(sc[i], sg[i])) << "pending statistic " << i;
+    }
+    cpu->apply_statistics();
+    gpu->apply_statistics();
+    auto bc = cpu->named_buffers(), bg = gpu->named_buffers();
+    for (size_t i = 0; i < bc.size(); ++i)
+      EXPECT_TRUE(close(bc[i].second, bg[i].second)) << "step " << step << " buffer " << bc[i].first;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllModels, ModelContract, ::testing::ValuesIn(variants()),
                          [](const auto& info) { return info.param.name; });
 
