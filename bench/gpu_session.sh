@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# One GPU session on a machine with a PyTorch wheel (LibTorch 2.x with CUDA) and none of the
+# Debian -dev packages, run from the repository root, within one time budget:
+#   1. build seqrec against the wheel (../shared/tools/device-prep.sh stages the other
+#      dependencies in .device/, which must travel with the tree);
+#   2. time training epochs of SASRec and LinRec on the GPU, alone on it (LinRec's paper
+#      setting and the common setting, ML-1M, max_len 200), with the peak GPU memory;
+#   3. start the training runs listed in GPU_RUNS (one "NAME FLAGS..." per line), side by side
+#      on the GPU, each cut off at the budget's end;
+#   4. meanwhile build and run the GPU test tier (models and CLI runs against their CPU twins);
+#   5. collect every log under $OUT: summary.txt (the lines that matter), build.log, tests.log,
+#      runs.tar.gz (each run's train.log, metrics.jsonl, flags.txt).
+# Environment: OUT (results folder, required), DATA (a prepared ML-1M dataset with user
+# features; default .devdata/ml-1m-uf), BUDGET_S (seconds from the start until the runs are
+# stopped and the results written; default 540), GPU_RUNS (a file; default none).
+set -uo pipefail
+: "${OUT:?set OUT to a folder for the results}"
+DATA=${DATA:-.devdata/ml-1m-uf}
+BUDGET_S=${BUDGET_S:-540}
+T0=$(date +%s)
+elapsed() { echo $(($(date +%s) - T0)); }
+left() { local l=$((BUDGET_S - $(elapsed) - 20)); echo $((l > 10 ? l : 10)); }  # seconds a step may take
+summary=$OUT/summary.txt
+say() { echo "[$(elapsed)s] $*" | tee -a "$summary"; }
+
+source .device/env.sh
+say "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader)"
+say "cores: $(nproc)"
+
+# 1. Build the executable first; the tests build while the runs train.
+if ! cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" \
+     > "$OUT/build.log" 2>&1; then
+  tail -40 "$OUT/build.log"; exit 1
+fi
+grep "seqrec: MPI=" "$OUT/build.log" | tee -a "$summary"
+if ! ninja -C build-gpu seqrec >> "$OUT/build.log" 2>&1; then
+  grep -B3 -A12 -m5 "error" "$OUT/build.log" | head -120; exit 1
+fi
+say "built seqrec"
+B=build-gpu/seqrec
+
+# 2. Epoch times, alone on the GPU (validation excluded from the per-epoch figure).
+for setting in paper common; do
+  for m in sasrec linrec; do
+    if [ $setting = paper ]; then flags="--flagfile configs/ml-1m/linrec.flags --model $m"
+    else flags="--flagfile configs/ml-1m/common/$m.flags"; fi
+    run=/tmp/time-$setting-$m
+    rm -rf $run
+    $B train $flags --data "$DATA" --out $run --epochs 3 --eval_every 3 --final_test=false --device cuda \
+      --threads 4 --eval_batch 256 --log_every 1000 > $run.log 2>&1 || { tail -20 $run.log; }
+    say "time $setting $m: $(grep -h '^\[done\] steps' $run/train.log 2>/dev/null || tail -3 $run.log)"
+  done
+done
+
+# 3. The training runs, side by side.
+pids=()
+if [ -n "${GPU_RUNS:-}" ] && [ -f "$GPU_RUNS" ]; then
+  while read -r name flags; do
+    [ -z "$name" ] && continue
+    mkdir -p /tmp/runs
+    # shellcheck disable=SC2086
+    $B train $flags --data "$DATA" --out /tmp/runs/$name --device cuda --threads 2 --eval_batch 256 --log_every 60 \
+      > /tmp/runs/$name.log 2>&1 &
+    pids+=($!)
+    say "started run $name"
+  done < "$GPU_RUNS"
+fi
+
+# 4. The GPU test tier.
+if ninja -C build-gpu test_models test_cli >> "$OUT/build.log" 2>&1; then
+  say "built the tests"
+  export SEQREC_BIN=$PWD/build-gpu/seqrec
+  timeout "$(left)" build-gpu/tests/models/test_models --gtest_filter='*Cuda*' > "$OUT/tests.log" 2>&1
+  say "test_models (GPU tier): rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/tests.log" | tr '\n' ' ')"
+  timeout "$(left)" build-gpu/tests/e2e/test_cli --gtest_filter='*Cuda*:*Device*' >> "$OUT/tests.log" 2>&1
+  say "test_cli (GPU tier): rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/tests.log" | tail -2 | tr '\n' ' ')"
+else
+  grep -B3 -A12 -m5 "error" "$OUT/build.log" | head -60
+  say "the tests did not build"
+fi
+
+# 5. Wait for the runs until the budget's end, then stop them (SIGTERM: they checkpoint).
+while [ ${#pids[@]} -gt 0 ] && [ "$(elapsed)" -lt "$BUDGET_S" ]; do
+  alive=0
+  for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+  [ $alive = 0 ] && break
+  sleep 5
+done
+for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+sleep 3
+if [ -d /tmp/runs ]; then
+  for r in /tmp/runs/*/; do
+    n=$(basename "$r")
+    say "run $n: $(grep -h -E '^\[(select|stop|done)\]' "$r/train.log" | tail -3 | tr '\n' ' ')"
+    grep -h "split=test" "$r/train.log" | sed "s/^/[test $n] /" >> "$summary"
+  done
+  tar -czf "$OUT/runs.tar.gz" -C /tmp/runs --exclude='checkpoints' --exclude='best' --exclude='*.lock' . 2>/dev/null
+fi
+say "done"
