@@ -1,3 +1,4 @@
+#include "io/remove_tree.h"
 #include "io/writer.h"
 
 #include <fcntl.h>
@@ -65,8 +66,7 @@ DatasetWriter::DatasetWriter(const std::string& out) : out_(strip_trailing_slash
 
 DatasetWriter::~DatasetWriter() {
   if (!committed_ && !tmp_.empty()) {
-    std::error_code ec;
-    fs::remove_all(tmp_, ec);  // best effort: an exception is already on its way
+    try_remove_tree(tmp_);  // best effort: an exception is already on its way
   }
 }
 

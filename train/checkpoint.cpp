@@ -1,3 +1,4 @@
+#include "io/remove_tree.h"
 #include "train/checkpoint.h"
 
 #include <fcntl.h>
@@ -348,7 +349,7 @@ std::string CheckpointManager::save(int64_t step, const TensorBundle& shared, co
   if (rank == 0) {
     try {
       fs::create_directories(root);
-      fs::remove_all(tmp);
+      io::remove_tree(tmp.string());
       fs::create_directories(tmp);
     } catch (const std::exception& e) {
       error = e.what();
@@ -381,26 +382,26 @@ std::string CheckpointManager::save(int64_t step, const TensorBundle& shared, co
       fs::path old;
       if (fs::exists(final_dir)) {
         old = root / (".old-" + step_name(step));
-        fs::remove_all(old);
+        io::remove_tree(old.string());
         fs::rename(final_dir, old);
       }
       fs::rename(tmp, final_dir);
       write_durable((final_dir / "COMPLETE").string(), std::to_string(step) + "\n");
       fsync_path(final_dir.string(), true);
       fsync_path(root.string(), true);
-      if (!old.empty()) fs::remove_all(old);
+      if (!old.empty()) io::remove_tree(old.string());
       // Prune: keep the newest keep_last complete checkpoints; remove stale temporaries.
       std::vector<fs::path> complete;
       for (auto& e : fs::directory_iterator(root)) {
         const std::string n = e.path().filename().string();
         if (n.rfind(".tmp-", 0) == 0 || n.rfind(".old-", 0) == 0) {
-          fs::remove_all(e.path());
+          io::remove_tree(e.path().string());
         } else if (step_of(e.path()) >= 0 && fs::exists(e.path() / "COMPLETE")) {
           complete.push_back(e.path());
         }
       }
       std::sort(complete.begin(), complete.end(), [](auto& a, auto& b) { return step_of(a) > step_of(b); });
-      for (size_t i = options_.keep_last; i < complete.size(); ++i) fs::remove_all(complete[i]);
+      for (size_t i = options_.keep_last; i < complete.size(); ++i) io::remove_tree(complete[i].string());
     } catch (const std::exception& e) {
       error = e.what();
     }

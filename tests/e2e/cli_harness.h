@@ -1,6 +1,7 @@
 #pragma once
 // Runs the seqrec CLI (or mpirun) as a child process with a hard time limit, so a hang fails
 // the test instead of stalling the suite.
+#include "io/remove_tree.h"
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -43,7 +44,7 @@ inline RunResult run_seqrec(const std::string& args, int timeout_s = 60) {
 // A fresh scratch directory per test under the build tree's temp area.
 inline std::string scratch_dir(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() / ("seqrec-test-" + name + "-" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
+  seqrec::io::remove_tree(dir.string());
   std::filesystem::create_directories(dir);
   return dir.string();
 }

@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <torch/torch.h>
 
+#include "io/remove_tree.h"
 #include "tests/e2e/cli_harness.h"
 #include "tests/test_files.h"
 #include "train/checkpoint.h"
@@ -34,7 +35,7 @@ class Cli : public ::testing::Test {
     ASSERT_EQ(r.code, 0) << r.output;
   }
   static void TearDownTestSuite() {
-    fs::remove_all(*root_);
+    seqrec::io::remove_tree(*root_);
     delete root_;
   }
   static std::string data() { return *root_ + "/data"; }
@@ -502,9 +503,10 @@ TEST_F(Cli, ADeviceThisMachineLacksIsRefusedBeforeAnythingIsWritten) {
 
 // The GPU tier (skipped where no CUDA device is visible). A run on the device follows the CPU
 // run: without dropout, the same batches and initialisation give the same parameters after an
-// epoch and a half (float32 reduction order apart: 1e-3 relative + 1e-4 absolute) and the same
+// epoch and a half (float32 reduction order apart, which Adam's normalisation can blow up to
+// one step, lr = 1e-3, on a near-zero gradient: 1e-3 relative + 1e-3 absolute) and the same
 // validation metrics (1e-3); a CPU checkpoint resumes on the device and the device's on the
-// CPU. Every model trains and tests there.
+// CPU (pruning checkpoints on the way). Every model trains and tests there.
 TEST_F(Cli, TrainsOnCudaAsOnCpu) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: this check runs on a GPU machine";
   const std::string common = "train --data " + data() + " " + kTrainSmall + "--dropout 0 --epochs 3 --final_test=false ";
@@ -518,7 +520,7 @@ TEST_F(Cli, TrainsOnCudaAsOnCpu) {
   auto pa = params_of(newest_checkpoint(cpu)), pb = params_of(newest_checkpoint(gpu));
   ASSERT_EQ(pa.size(), pb.size());
   for (auto& [n, t] : pa)
-    EXPECT_TRUE(torch::allclose(t, pb.at(n), 1e-3, 1e-4)) << n << ": " << (t - pb.at(n)).abs().max();
+    EXPECT_TRUE(torch::allclose(t, pb.at(n), 1e-3, 1e-3)) << n << ": " << (t - pb.at(n)).abs().max();
   const auto metric = [](const std::string& line, const std::string& key) {
     std::smatch m;
     EXPECT_TRUE(std::regex_search(line, m, std::regex("\"" + key + "\": ?([0-9.eE+-]+)"))) << line;
@@ -538,7 +540,7 @@ TEST_F(Cli, TrainsOnCudaAsOnCpu) {
   ASSERT_EQ(down.code, 0) << down.output;
   auto pm = params_of(newest_checkpoint(mixed));
   for (auto& [n, t] : pa)
-    EXPECT_TRUE(torch::allclose(t, pm.at(n), 1e-3, 1e-4)) << n << " after cpu -> cuda -> cpu: " << (t - pm.at(n)).abs().max();
+    EXPECT_TRUE(torch::allclose(t, pm.at(n), 1e-3, 1e-3)) << n << " after cpu -> cuda -> cpu: " << (t - pm.at(n)).abs().max();
   auto e = run_seqrec("eval --checkpoint " + newest_checkpoint(gpu) + " --data " + data() + " --split valid --device cuda");
   ASSERT_EQ(e.code, 0) << e.output;
   EXPECT_TRUE(contains(e.output, "split=valid")) << e.output;

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 
+#include "io/remove_tree.h"
 #include "tests/e2e/cli_harness.h"
 #include "train/checkpoint.h"
 
@@ -23,7 +24,7 @@ class CliMpi : public ::testing::Test {
     ASSERT_EQ(r.code, 0) << r.output;
   }
   static void TearDownTestSuite() {
-    fs::remove_all(*root_);
+    seqrec::io::remove_tree(*root_);
     delete root_;
   }
   static std::string data() { return *root_ + "/data"; }

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "io/remove_tree.h"
 #include "io/dataset.h"
 #include "io/prepare.h"
 #include "seqrec_config.h"
@@ -33,8 +34,7 @@ class TempDir {
     path_ = tmpl;
   }
   ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
+    seqrec::io::try_remove_tree(path_);
   }
   std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
   const std::string& path() const { return path_; }

@@ -4,9 +4,11 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <system_error>
 
+#include "io/remove_tree.h"
 #include "io/raw_reader.h"
 #include "io/sha256.h"
 #include "io/text_input.h"
@@ -33,6 +35,30 @@ TEST(Toolchain, StdFilesystemBindsToLibstdcxx) {
   const std::string lib = info.dli_fname != nullptr ? info.dli_fname : "";
   EXPECT_NE(lib.find("libstdc++"), std::string::npos)
       << "std::filesystem::remove_all binds to " << lib << ", not libstdc++ (link order; CMakeLists.txt)";
+}
+
+// What every directory removal in seqrec goes through (checkpoint pruning, failed datasets):
+// the whole tree goes, a symbolic link goes without what it points to, a missing path is no
+// error, and a failure names the path.
+TEST(RemoveTree, RemovesTreesNotWhatLinksPointTo) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("seqrec-remove-tree-" + std::to_string(::getpid()));
+  seqrec::io::remove_tree(root.string());
+  fs::create_directories(root / "tree" / "a" / "b");
+  fs::create_directories(root / "outside");
+  std::ofstream(root / "tree" / "a" / "b" / "f.bin") << "x";
+  std::ofstream(root / "tree" / "top.txt") << "y";
+  std::ofstream(root / "outside" / "keep.txt") << "z";
+  fs::create_directory_symlink(root / "outside", root / "tree" / "a" / "link");
+  seqrec::io::remove_tree((root / "tree").string());
+  EXPECT_FALSE(fs::exists(root / "tree"));
+  EXPECT_TRUE(fs::exists(root / "outside" / "keep.txt")) << "a link's target was removed";
+  EXPECT_EQ(seqrec::io::try_remove_tree((root / "never").string()), "");
+  std::ofstream(root / "plain") << "p";
+  const std::string under_file = (root / "plain" / "x").string();
+  EXPECT_NE(seqrec::io::try_remove_tree(under_file).find(under_file), std::string::npos);
+  seqrec::io::remove_tree(root.string());
+  EXPECT_FALSE(fs::exists(root));
 }
 
 TEST(Sha256, KnownVectors) {

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "io/remove_tree.h"
 #include "dist/comm.h"
 #include "train/checkpoint.h"
 #include "tests/test_files.h"
@@ -16,7 +17,7 @@ using namespace seqrec::train;
 
 std::string scratch(const std::string& name) {
   auto d = fs::temp_directory_path() / ("seqrec-ckpt-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(d);
+  seqrec::io::remove_tree(d);
   fs::create_directories(d);
   return d.string();
 }

@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include "io/remove_tree.h"
 #include "dist/comm.h"
 #include "io/dataset.h"
 #include "models/model.h"
@@ -202,7 +203,7 @@ TEST(RunSummary, ParsesWhatResultJsonWrites) {
 TEST(RunSummary, DescribesSelectionTestAndStatus) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("seqrec-run-summary-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  seqrec::io::remove_tree(dir);
   fs::create_directories(dir);
   const auto write = [&](const std::string& name, const std::string& text) { std::ofstream(dir / name) << text; };
   const std::string sampled = "sampled: 1 target + 100 uniform negatives not in the user's sequence";
@@ -284,7 +285,7 @@ TEST(RunSummary, DescribesSelectionTestAndStatus) {
   text = train::describe_run(dir.string());
   EXPECT_NE(text.find("model: sasrec, dataset: synth, sittings: 1"), std::string::npos) << text;
   EXPECT_FALSE(train::is_run_directory((dir / "nothing").string()));
-  fs::remove_all(dir);
+  seqrec::io::remove_tree(dir);
 }
 
 // Several runs side by side: one row each (model, seed, status, selection, each protocol's test
@@ -293,7 +294,7 @@ TEST(RunSummary, DescribesSelectionTestAndStatus) {
 TEST(RunSummary, ComparesRunsAndGroupsSeeds) {
   namespace fs = std::filesystem;
   const fs::path root = fs::temp_directory_path() / ("seqrec-run-compare-" + std::to_string(::getpid()));
-  fs::remove_all(root);
+  seqrec::io::remove_tree(root);
   const std::string sampled = "sampled: 1 target + 100 uniform negatives not in the user's sequence";
   const std::string full = "full ranking over all items, history not excluded";
   const auto rec = [&](const char* split, int epoch, int step, const std::string& cand, double ndcg, double hr) {
@@ -379,7 +380,7 @@ TEST(RunSummary, ComparesRunsAndGroupsSeeds) {
   EXPECT_NO_THROW(train::compare_runs({a, b}, {"MRR"}));
   EXPECT_THROW(train::compare_runs({a, b}, {"seconds"}), std::invalid_argument);
   EXPECT_THROW(train::compare_runs({a, (root / "nothing").string()}, {"NDCG@10"}), std::invalid_argument);
-  fs::remove_all(root);
+  seqrec::io::remove_tree(root);
 }
 
 }  // namespace
