@@ -2,7 +2,8 @@
 # One GPU session on a machine with a PyTorch wheel (LibTorch 2.x with CUDA) and none of the
 # Debian -dev packages, run from the repository root, within one time budget:
 #   1. build seqrec against the wheel (../shared/tools/device-prep.sh stages the other
-#      dependencies in .device/, which must travel with the tree);
+#      dependencies in .device/, which must travel with the tree; CMake also needs LZMA:
+#      (cd .device/debs && apt-get download liblzma-dev liblzma5));
 #   2. time training epochs of SASRec and LinRec on the GPU, alone on it (LinRec's paper
 #      setting and the common setting, ML-1M, max_len 200), with the peak GPU memory;
 #   3. start the training runs listed in GPU_RUNS (one "NAME FLAGS..." per line), side by side

@@ -1,5 +1,4 @@
 // The input layer: SHA-256, the plain/gzip/xz line reader, field splitting and id tables.
-#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -24,22 +23,11 @@ std::string sha(const std::string& s) {
   return h.hex_digest();
 }
 
-// PyTorch wheels' libtorch.so exports a private copy of std::filesystem that crashes when called
-// (pytorch/pytorch#133437); the build names libstdc++ first so that calls bind to libstdc++.so.
-// Against a wheel without that link order every io test that removes a directory segfaults.
-TEST(Toolchain, StdFilesystemBindsToLibstdcxx) {
-  using RemoveAll = std::uintmax_t (*)(const std::filesystem::path&, std::error_code&);
-  RemoveAll remove_all = &std::filesystem::remove_all;
-  Dl_info info{};
-  ASSERT_NE(dladdr(reinterpret_cast<void*>(remove_all), &info), 0);
-  const std::string lib = info.dli_fname != nullptr ? info.dli_fname : "";
-  EXPECT_NE(lib.find("libstdc++"), std::string::npos)
-      << "std::filesystem::remove_all binds to " << lib << ", not libstdc++ (link order; CMakeLists.txt)";
-}
-
-// What every directory removal in seqrec goes through (checkpoint pruning, failed datasets):
-// the whole tree goes, a symbolic link goes without what it points to, a missing path is no
-// error, and a failure names the path.
+// What every directory removal in seqrec goes through (checkpoint pruning, failed datasets,
+// the tests' scratch directories), in place of std::filesystem::remove_all, which can bind to
+// the crashing copy inside PyTorch wheels' libtorch.so (io/remove_tree.h): the whole tree goes,
+// a symbolic link goes without what it points to, a missing path is no error, and a failure
+// names the path.
 TEST(RemoveTree, RemovesTreesNotWhatLinksPointTo) {
   namespace fs = std::filesystem;
   const fs::path root = fs::temp_directory_path() / ("seqrec-remove-tree-" + std::to_string(::getpid()));
