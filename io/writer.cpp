@@ -1,4 +1,3 @@
-#include "io/remove_tree.h"
 #include "io/writer.h"
 
 #include <fcntl.h>
@@ -11,6 +10,7 @@
 #include <stdexcept>
 
 #include "io/h5.h"
+#include "io/remove_tree.h"
 
 namespace seqrec::io {
 namespace fs = std::filesystem;

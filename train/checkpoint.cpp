@@ -1,4 +1,3 @@
-#include "io/remove_tree.h"
 #include "train/checkpoint.h"
 
 #include <fcntl.h>
@@ -17,6 +16,7 @@
 
 #include "dist/comm.h"
 #include "io/log.h"
+#include "io/remove_tree.h"
 
 namespace seqrec::train {
 namespace fs = std::filesystem;

@@ -1,7 +1,6 @@
 #pragma once
 // Runs the seqrec CLI (or mpirun) as a child process with a hard time limit, so a hang fails
 // the test instead of stalling the suite.
-#include "io/remove_tree.h"
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -9,6 +8,8 @@
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+
+#include "io/remove_tree.h"
 
 namespace seqrec::testing {
 

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "io/remove_tree.h"
 #include "io/dataset.h"
 #include "io/prepare.h"
+#include "io/remove_tree.h"
 #include "seqrec_config.h"
 #include "tests/test_files.h"
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <system_error>
 
-#include "io/remove_tree.h"
 #include "io/raw_reader.h"
+#include "io/remove_tree.h"
 #include "io/sha256.h"
 #include "io/text_input.h"
 #include "io_test_util.h"

@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "io/remove_tree.h"
 #include "dist/comm.h"
+#include "io/remove_tree.h"
 #include "train/checkpoint.h"
 #include "tests/test_files.h"
 

@@ -12,9 +12,9 @@
 
 #include <unistd.h>
 
-#include "io/remove_tree.h"
 #include "dist/comm.h"
 #include "io/dataset.h"
+#include "io/remove_tree.h"
 #include "models/model.h"
 #include "train/evaluator.h"
 #include "train/run_summary.h"
