@@ -184,9 +184,9 @@ namespace {
 // states in words, and flags.txt. Read once; describe_run and compare_runs format it.
 struct RunFacts {
   std::string dir, model, dataset, select_metric, select_candidates, last_select, test_line, stop_line, error_line,
-      done_time;
+      done_time, device;
   int64_t sittings = 0, last_epoch = -1, epochs = -1, last_step = -1, selected_epoch = -1;
-  double peak_rss = -1;
+  double peak_rss = -1, peak_gpu = -1;  // peak_gpu: --device cuda sittings only
   std::vector<MetricsRecord> records;
   std::map<std::string, std::string> flags;  // flags.txt: key=value, as the trainer wrote it
 
@@ -263,6 +263,7 @@ RunFacts read_run(const std::string& dir) {
       if (starts_with(line, "[setup] dataset=")) {
         ++f.sittings;
         f.dataset = field_after(line, "dataset=");
+        f.device = field_after(line, " device=");  // absent in logs of older binaries: the CPU
         f.stop_line.clear();
         f.error_line.clear();
       } else if (starts_with(line, "[setup] model=")) {
@@ -298,6 +299,8 @@ RunFacts read_run(const std::string& dir) {
         f.last_step = std::atoll(field_after(line, "steps=").c_str());
         f.done_time = field_after(line, "train time/epoch=");
         f.peak_rss = std::max(f.peak_rss, std::atof(field_after(line, "peak RSS/rank=").c_str()));
+        const std::string gpu = field_after(line, "peak GPU memory allocated=");
+        if (!gpu.empty()) f.peak_gpu = std::max(f.peak_gpu, std::atof(gpu.c_str()));
       } else if (starts_with(line, "[test] ")) {
         f.test_line = line.substr(7);
       }
@@ -381,8 +384,11 @@ std::string describe_run(const std::string& dir) {
     for (const auto* r : tests) out << protocol_line(*r);
   }
   if (!f.done_time.empty())
-    out << "  time: " << f.done_time << " s/epoch training (the last finished sitting), peak RSS/rank "
-        << fixed(f.peak_rss, 0) << " MiB (the largest finished sitting)\n";
+    out << "  time: " << f.done_time << " s/epoch training (the last finished sitting"
+        << (f.device.empty() || f.device == "cpu" ? "" : ", on " + f.device) << "), peak RSS/rank "
+        << fixed(f.peak_rss, 0) << " MiB"
+        << (f.peak_gpu >= 0 ? ", peak GPU memory allocated " + fixed(f.peak_gpu, 0) + " MiB" : "")
+        << " (the largest finished sitting)\n";
   return out.str();
 }
 

@@ -235,6 +235,15 @@ TEST(RunSummary, DescribesSelectionTestAndStatus) {
   EXPECT_EQ(text.find("test ("), std::string::npos) << text;
   EXPECT_NE(text.find("time: 14.37 s/epoch training"), std::string::npos) << text;
   EXPECT_NE(text.find("peak RSS/rank 513 MiB"), std::string::npos) << text;
+  EXPECT_EQ(text.find(", on "), std::string::npos) << "a CPU run names no device: " << text;
+  // A sitting on a GPU says so, with its peak GPU memory.
+  write("train.log", "[setup] dataset=ml-1m users=6040 ranks=1 threads/rank=2 device=cuda:0\n"
+                     "[setup] model=linrec params=1 max_len=200\n"
+                     "[done] steps=100 train time/epoch=3.76 s peak RSS/rank=1288 MiB peak GPU memory allocated=752 MiB\n");
+  text = train::describe_run(dir.string());
+  EXPECT_NE(text.find("time: 3.76 s/epoch training (the last finished sitting, on cuda:0), peak RSS/rank 1288 MiB, "
+                      "peak GPU memory allocated 752 MiB"),
+            std::string::npos) << text;
 
   // A second sitting that finished and tested; then the run extended and tested again.
   write("train.log", log_head + "[select] new best valid NDCG@10=0.6000 at epoch 5\n[done] steps=100 train time/epoch=14.37 s peak RSS/rank=513 MiB\n" +
