@@ -260,6 +260,7 @@ class BackboneModel : public SequenceModel {
   }
   void set_training(bool on) override { net_->train(on); }
   void to(const at::Device& device) override { net_->to(device); }
+  at::Device device() override { return net_->raw_item_table().device(); }
   std::vector<std::string> expert_parameters() override {
     std::vector<std::string> out;
     for (size_t i = 0; i < net_->blocks().size(); ++i)

@@ -168,7 +168,7 @@ class SequenceModel {
   // Moves every parameter and buffer (and any state kept beside them) to `device`; the model's
   // inputs must then live there too. The default accepts the CPU only (where models are built).
   virtual void to(const at::Device& device);
-  // Where the parameters live.
+  // Where the parameters live (the default asks item_embeddings(), which may compute).
   virtual at::Device device() { return item_embeddings().device(); }
   // Statistics that must be summed across ranks before apply_statistics() updates the model
   // (LISA's EMA codebooks); fixed shapes, so every rank takes part even without a forward.
