@@ -219,6 +219,17 @@ TEST_F(CliMpi, ExpertParallelRunsResumeAtOtherLayouts) {
   EXPECT_TRUE(contains(bad.output, "--moe_experts 3 is not divisible by --expert_parallel 2")) << bad.output;
 }
 
+// A CUDA run is one process on one device until the NCCL backend exists: several ranks asking
+// for a GPU are refused on every rank, before the run directory is made, whatever the machine.
+TEST_F(CliMpi, CudaWithSeveralRanksIsRefusedBeforeAnythingIsWritten) {
+  const std::string out = dir("cuda-ranks");
+  auto r = run_command(mpirun() + " -np 2 " + seqrec_bin() + train_args(data(), out, 8) + " --device cuda", 60);
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.code, 124) << "hung";
+  EXPECT_TRUE(contains(r.output, "--device cuda runs on one rank; this run has 2")) << r.output;
+  EXPECT_FALSE(fs::exists(out)) << "a run directory was left behind";
+}
+
 TEST_F(CliMpi, RanksWithDifferentFlagsFailNamingTheRank) {
   const std::string out = dir("mismatch");
   auto r = run_command(mpirun() + " -np 1 " + seqrec_bin() + train_args(data(), out, 8) + " --lr 0.001 : -np 1 " +
