@@ -12,12 +12,6 @@
 
 namespace seqrec::train {
 
-at::Device parse_device(const std::string& text) {
-  const at::Device device = parse_device_name(text);
-  check_device_usable(device, text);
-  return device;
-}
-
 at::Device parse_device_name(const std::string& text) {
   const std::string usage = "--device '" + text + "': expected cpu, cuda or cuda:N";
   if (text == "cpu") return at::Device(at::kCPU);

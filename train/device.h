@@ -8,10 +8,10 @@
 
 namespace seqrec::train {
 
-// "cpu", "cuda" (device 0) or "cuda:N". Throws std::invalid_argument naming the problem: a
-// malformed name, a LibTorch built without CUDA, no visible device, N out of range.
-at::Device parse_device(const std::string& text);
-// The two halves of parse_device: the name alone, then whether this process can use it.
+// --device in two steps (the trainer checks the rank count between them): the name, "cpu",
+// "cuda" (device 0) or "cuda:N", then whether this process can use it. Each throws
+// std::invalid_argument naming the problem: a malformed name; a LibTorch built without CUDA,
+// no visible device, N out of range.
 at::Device parse_device_name(const std::string& text);
 void check_device_usable(const at::Device& device, const std::string& text);
 

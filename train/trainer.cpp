@@ -532,8 +532,13 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
 
   CheckpointManager ckpt({o.out + "/checkpoints", o.keep_checkpoints}, comm);
   CheckpointManager best_ckpt({o.out + "/best", 1}, comm);
-  seed_generator(o.seed * 1000003ull + static_cast<uint64_t>(rank));
-  seed_device_generator(device, o.seed * 1000003ull + static_cast<uint64_t>(rank));
+  // The in-model random streams (dropout, MoE noise) of this rank, on the host and the device.
+  const uint64_t rank_seed = o.seed * 1000003ull + static_cast<uint64_t>(rank);
+  const auto seed_streams = [&](uint64_t seed) {
+    seed_generator(seed);
+    seed_device_generator(device, seed);
+  };
+  seed_streams(rank_seed);
 
   Progress p;
   std::optional<std::string> resume_from;
@@ -577,18 +582,18 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
                                      : o.loader.batch_size * saved_world;
     if (saved_global != global)
       c.step = std::min(loader.steps_per_epoch() - 1, c.step * saved_global / global);
+    const uint64_t resumed_seed = rank_seed + 7919ull * static_cast<uint64_t>(p.step);
     if (saved_world != world) {
       log.line("[resume] saved with " + std::to_string(saved_world) + " ranks, resuming with " +
                std::to_string(world) + ": dropout streams re-seeded");
-      seed_generator(o.seed * 1000003ull + static_cast<uint64_t>(rank) + 7919ull * p.step);
-      seed_device_generator(device, o.seed * 1000003ull + static_cast<uint64_t>(rank) + 7919ull * p.step);
+      seed_streams(resumed_seed);
     } else if (loaded.per_rank && loaded.per_rank->has_tensor("rng/cpu")) {
       set_generator_state(loaded.per_rank->tensor("rng/cpu"));
       // A checkpoint written on another device type has no state for this one: re-seeded.
       if (loaded.per_rank->has_tensor("rng/cuda") && device.is_cuda())
         set_device_generator_state(device, loaded.per_rank->tensor("rng/cuda"));
-      else if (device.is_cuda())
-        seed_device_generator(device, o.seed * 1000003ull + static_cast<uint64_t>(rank) + 7919ull * p.step);
+      else
+        seed_device_generator(device, resumed_seed);  // a no-op on the CPU
     }
     loader.seek(c);
     log.line("[resume] " + *resume_from + ": step " + std::to_string(p.step) + ", epoch " +
