@@ -453,7 +453,8 @@ at::Device run_device(const std::string& text, int world) {
 }  // namespace
 
 // The run proper, once the run directory is this invocation's (run_training below).
-static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta, dist::Comm& comm, RunLog& log) {
+static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta, const at::Device& device,
+                              dist::Comm& comm, RunLog& log) {
   const int rank = comm.rank(), world = comm.size();
   const DivergeFault fault = diverge_fault_from_env();
 
@@ -499,7 +500,6 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
   }
   auto model = models::make_model(mo, runtime);
   // Built (and initialised) on the CPU, identically on every rank and device, then moved.
-  const at::Device device = run_device(o.device, world);
   if (!device.is_cpu()) model->to(device);
   if (P > 1)
     for (auto& n : model->expert_parameters()) layout.experts.insert(n);
@@ -888,7 +888,7 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   // not at the first validation).
   const io::DatasetMeta meta = io::read_meta(o.data);
   check_protocol(o.select_protocol, meta);
-  run_device(o.device, comm.size());  // a device this run cannot use fails before anything is written
+  const at::Device device = run_device(o.device, comm.size());  // fails before anything is written
   // A directory that holds a run's checkpoints belongs to that run: without --resume nothing
   // in it is touched, flags.txt and train.log included.
   if (o.resume.empty() && CheckpointManager({o.out + "/checkpoints", 1}, comm).latest())
@@ -916,7 +916,7 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   // From here on the directory is this run's: what ends it early is also written to its log,
   // where `seqrec info RUN` finds it.
   try {
-    return train_run(o, meta, comm, log);
+    return train_run(o, meta, device, comm, log);
   } catch (const std::exception& e) {
     log.record("[error] ", e.what());
     throw;
