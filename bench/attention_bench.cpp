@@ -1,9 +1,11 @@
 // Forward + backward time and peak memory of one attention op at one sequence length, for
 // bench/attention_scaling.sh (one process per point, so each peak is the op's own).
 //   attention_bench --op OP --len L [--tokens 16384] [--dim 64] [--heads 1] [--interests 20]
-//                   [--codebooks 8] [--codewords 16] [--iters 3]
-// OP: softmax | linrec | lightsans | lisa | lisa:reference | routing | gated:softmax | gated:cosine | model:<name>
-//     | loss:softmax | loss:softmax:recompute
+//                   [--codebooks 8] [--codewords 16] [--iters 3] [--device cpu|cuda|cuda:N]
+// OP: softmax | linrec | linear | linear:reference | lightsans | lisa | lisa:reference | routing | gated:softmax
+//     | gated:cosine | model:<name> | loss:softmax | loss:softmax:recompute
+// linear is the causal linear-attention product alone (the fused kernel of the device: CPU or
+// CUDA), linear:reference its chunked ATen reference.
 // (model:flash4rec:cosine for FLASH4Rec's linear form). routing is the causal routing op at the
 // paper's optimum (K = W = S = round(sqrt(L)) centroids, window, chunk) with its local heads'
 // window 2S; gated:* is FLASH4Rec's attention (one head, s = e = dim). model:<name> times a whole
@@ -11,8 +13,10 @@
 // last slot, backward. loss:softmax is the full-catalogue softmax loss (ops/softmax_loss) over
 // --tokens hidden states of --dim against --items items (default 3,416), keeping the forward's
 // probabilities when they fit its budget; loss:softmax:recompute always recomputes them
-// (--len is then only a required 1). Prints one JSON line: op, len, batch, ms (median fwd+bwd), peak_mb (resident high-water mark
-// above the inputs' baseline).
+// (--len is then only a required 1). Prints one JSON line: op, len, batch, device, ms (median
+// fwd+bwd, the device synchronised), peak_mb (on the CPU the resident high-water mark above the
+// inputs' baseline; on a CUDA device the peak allocated through Torch's caching allocator above
+// the inputs').
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -32,6 +36,7 @@
 #include "ops/routing_attention/routing_attention.h"
 #include "ops/softmax_attention/softmax_attention.h"
 #include "ops/softmax_loss/softmax_loss.h"
+#include "train/device.h"
 
 namespace {
 
@@ -44,9 +49,10 @@ double status_mb(const char* key) {
 }
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|lightsans|lisa|lisa:reference|routing|"
+  std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|linear|linear:reference|lightsans|lisa|lisa:reference|routing|"
                "gated:softmax|gated:cosine|model:<name>[:cosine]|loss:softmax[:recompute] --len L "
-               "[--tokens N] [--dim D] [--items N] [--heads H] [--interests K] [--codebooks C] [--codewords W] [--iters I]\n",
+               "[--tokens N] [--dim D] [--items N] [--heads H] [--interests K] [--codebooks C] [--codewords W] [--iters I] "
+               "[--device cpu|cuda|cuda:N]\n",
                why.c_str());
   std::exit(2);
 }
@@ -54,7 +60,7 @@ double status_mb(const char* key) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string op;
+  std::string op, device_name = "cpu";
   int64_t len = 0, tokens = 16384, dim = 64, heads = 1, interests = 20, codebooks = 8, codewords = 16, iters = 3,
           items = 3416;
   for (int i = 1; i < argc; ++i) {
@@ -71,12 +77,22 @@ int main(int argc, char** argv) {
     else if (a == "--codewords") codewords = std::atoll(v.c_str());
     else if (a == "--iters") iters = std::atoll(v.c_str());
     else if (a == "--items") items = std::atoll(v.c_str());
+    else if (a == "--device") device_name = v;
     else usage("unknown flag " + a);
   }
   if (len <= 0 || tokens < len || dim % heads != 0) usage("need --len in [1, tokens] and heads dividing dim");
+  at::Device device(at::kCPU);
+  try {
+    device = seqrec::train::parse_device_name(device_name);
+    seqrec::train::check_device_usable(device, device_name);
+  } catch (const std::exception& e) {
+    usage(e.what());
+  }
+  const bool on_gpu = device.is_cuda();
+  const auto opt = torch::TensorOptions().device(device);
   torch::manual_seed(0);
   const int64_t B = tokens / len, dh = dim / heads;
-  auto pad = torch::zeros({B, len}, torch::kBool);
+  auto pad = torch::zeros({B, len}, opt.dtype(torch::kBool));
   std::vector<at::Tensor> leaves;
   auto leaf = [&](at::Tensor t) {
     t.requires_grad_(true);
@@ -85,8 +101,8 @@ int main(int argc, char** argv) {
   };
   std::function<at::Tensor()> run;
   if (op == "softmax" || op == "linrec") {
-    auto q = leaf(torch::randn({B, heads, len, dh})), k = leaf(torch::randn({B, heads, len, dh})),
-         v = leaf(torch::randn({B, heads, len, dh}));
+    auto q = leaf(torch::randn({B, heads, len, dh}, opt)), k = leaf(torch::randn({B, heads, len, dh}, opt)),
+         v = leaf(torch::randn({B, heads, len, dh}, opt));
     if (op == "softmax")
       run = [=] { return seqrec::ops::causal_softmax_attention(q, k, v, pad, 0.0, true); };
     else
@@ -94,30 +110,36 @@ int main(int argc, char** argv) {
         return seqrec::ops::linrec_attention(q, k, v, pad, seqrec::ops::LinrecNorm::kPaper,
                                              seqrec::ops::LinrecForm::kCausal);
       };
+  } else if (op == "linear" || op == "linear:reference") {
+    auto q = leaf(torch::randn({B, heads, len, dh}, opt)), k = leaf(torch::randn({B, heads, len, dh}, opt)),
+         v = leaf(torch::randn({B, heads, len, dh}, opt));
+    const auto fn = op == "linear" ? &seqrec::ops::causal_linear_attention
+                                   : &seqrec::ops::causal_linear_attention_reference;
+    run = [=] { return fn(q, k, v, 64); };
   } else if (op == "lightsans") {
     // The item-to-interest branch (LightSANs-ape's whole attention): aggregate keys and values,
     // attend each slot's query over its interests (the fused op the model runs).
-    auto q = leaf(torch::randn({B, heads, len, dh})), k = leaf(torch::randn({B, len, dim})),
-         v = leaf(torch::randn({B, len, dim})), tk = leaf(torch::randn({dim, interests})),
-         tv = leaf(torch::randn({dim, interests}));
+    auto q = leaf(torch::randn({B, heads, len, dh}, opt)), k = leaf(torch::randn({B, len, dim}, opt)),
+         v = leaf(torch::randn({B, len, dim}, opt)), tk = leaf(torch::randn({dim, interests}, opt)),
+         tv = leaf(torch::randn({dim, interests}, opt));
     run = [=] {
       return seqrec::ops::causal_interest_attention(q, k, v, torch::matmul(k, tk), torch::matmul(v, tv), pad, 0.0,
                                                     true);
     };
   } else if (op == "lisa" || op == "lisa:reference") {
-    auto logits = leaf(torch::randn({B, len, codebooks, codewords}));
-    auto index = torch::randint(codewords, {B, len, codebooks}, torch::kLong);
-    auto table = leaf(torch::randn({codebooks, codewords, codewords}));
-    auto values = leaf(torch::randn({codebooks, codewords, dim}));
+    auto logits = leaf(torch::randn({B, len, codebooks, codewords}, opt));
+    auto index = torch::randint(codewords, {B, len, codebooks}, opt.dtype(torch::kLong));
+    auto table = leaf(torch::randn({codebooks, codewords, codewords}, opt));
+    auto values = leaf(torch::randn({codebooks, codewords, dim}, opt));
     const auto fn = op == "lisa" ? &seqrec::ops::lisa_attention : &seqrec::ops::lisa_attention_reference;
     run = [=] { return fn(torch::softmax(logits, -1), index, pad, table, values, std::exp(-0.1)); };
   } else if (op == "routing") {
     // One routing head and one local head, as configs/ml-1m/routing.flags pairs them.
     const int64_t K = std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(len))));
     const int64_t W = (len + K - 1) / K;
-    auto r = leaf(torch::randn({B, 1, len, dh})), v = leaf(torch::randn({B, 1, len, dh}));
-    auto q = leaf(torch::randn({B, 1, len, dh})), k = leaf(torch::randn({B, 1, len, dh}));
-    auto mu = torch::randn({1, K, dh});
+    auto r = leaf(torch::randn({B, 1, len, dh}, opt)), v = leaf(torch::randn({B, 1, len, dh}, opt));
+    auto q = leaf(torch::randn({B, 1, len, dh}, opt)), k = leaf(torch::randn({B, 1, len, dh}, opt));
+    auto mu = torch::randn({1, K, dh}, opt);
     mu = mu / mu.norm(2, -1, true);
     run = [=] {
       auto unit = at::layer_norm(r, {dh}, {}, {}, 1e-6);
@@ -126,17 +148,17 @@ int main(int argc, char** argv) {
       return torch::cat({routed, seqrec::ops::local_attention(q, k, v, pad, 2 * W, 0.0, true)}, 1);
     };
   } else if (op == "gated:softmax" || op == "gated:cosine") {
-    auto q = leaf(torch::randn({B, 1, len, dim})), k = leaf(torch::randn({B, 1, len, dim})),
-         v = leaf(torch::randn({B, 1, len, dim}));
+    auto q = leaf(torch::randn({B, 1, len, dim}, opt)), k = leaf(torch::randn({B, 1, len, dim}, opt)),
+         v = leaf(torch::randn({B, 1, len, dim}, opt));
     seqrec::ops::GatedAttentionOptions go;
     go.form = seqrec::ops::parse_gated_attention_form(op.substr(6));
     go.causal = true;
     go.training = true;
     run = [=] { return seqrec::ops::gated_attention(q, k, v, pad, go); };
   } else if (op == "loss:softmax" || op == "loss:softmax:recompute") {
-    auto hidden = leaf(torch::randn({tokens, dim}));
-    auto table = leaf(torch::randn({items + 1, dim}) * 0.1);
-    auto targets = torch::randint(1, items + 1, {tokens}, torch::kLong);
+    auto hidden = leaf(torch::randn({tokens, dim}, opt));
+    auto table = leaf(torch::randn({items + 1, dim}, opt) * 0.1);
+    auto targets = torch::randint(1, items + 1, {tokens}, opt.dtype(torch::kLong));
     const int64_t keep_bytes = op == "loss:softmax" ? int64_t{256} << 20 : 0;
     run = [=] { return seqrec::ops::softmax_loss_sum(hidden, table, targets, 2048, keep_bytes); };
   } else if (op.rfind("model:", 0) == 0) {
@@ -158,9 +180,10 @@ int main(int argc, char** argv) {
     o.codebooks = codebooks;
     o.codewords = codewords;
     std::shared_ptr<seqrec::models::SequenceModel> m = seqrec::models::make_model(o);
+    m->to(device);
     m->set_training(true);
     for (auto& [name, p] : m->named_parameters()) leaves.push_back(p);
-    auto input = torch::randint(1, o.num_items + 1, {B, len}, torch::kLong);
+    auto input = torch::randint(1, o.num_items + 1, {B, len}, opt.dtype(torch::kLong));
     run = [=] {
       auto h = m->encode(input);
       return torch::matmul(h.select(1, len - 1), m->item_embeddings().t()).logsumexp(-1);
@@ -169,20 +192,27 @@ int main(int argc, char** argv) {
     usage("unknown --op '" + op + "'");
   }
   const double base = status_mb("VmRSS:");
+  if (on_gpu) seqrec::train::reset_device_peak(device);  // the peak restarts at what is allocated now
+  const double device_base = on_gpu ? seqrec::train::device_peak_mib(device) : 0.0;
+  auto sync = [&] {
+    if (on_gpu) torch::cuda::synchronize(device.index());
+  };
   std::vector<double> ms;
   for (int64_t i = 0; i <= iters; ++i) {  // the first pass warms up
+    sync();
     auto t0 = std::chrono::steady_clock::now();
     auto out = run();
     out.sum().backward();
+    sync();
     auto t1 = std::chrono::steady_clock::now();
     for (auto& l : leaves) l.mutable_grad() = at::Tensor();
     if (i > 0) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
   std::sort(ms.begin(), ms.end());
+  const double peak = on_gpu ? seqrec::train::device_peak_mib(device) - device_base : status_mb("VmHWM:") - base;
   std::printf("{\"op\":\"%s\",\"len\":%lld,\"batch\":%lld,\"dim\":%lld,\"heads\":%lld,\"threads\":%d,"
-              "\"ms\":%.2f,\"peak_mb\":%.1f}\n",
+              "\"device\":\"%s\",\"ms\":%.2f,\"peak_mb\":%.1f}\n",
               op.c_str(), static_cast<long long>(len), static_cast<long long>(B), static_cast<long long>(dim),
-              static_cast<long long>(heads), at::get_num_threads(), ms[ms.size() / 2],
-              status_mb("VmHWM:") - base);
+              static_cast<long long>(heads), at::get_num_threads(), device.str().c_str(), ms[ms.size() / 2], peak);
   return 0;
 }

@@ -3,12 +3,15 @@
 # Debian -dev packages, run from the repository root, within one time budget:
 #   1. build seqrec against the wheel (../shared/tools/device-prep.sh stages the other
 #      dependencies in .device/, which must travel with the tree; CMake also needs LZMA:
-#      (cd .device/debs && apt-get download liblzma-dev liblzma5));
+#      (cd .device/debs && apt-get download liblzma-dev liblzma5)), and test the CUDA kernels
+#      against the CPU's before anything runs on them;
 #   2. time training epochs of SASRec and LinRec on the GPU, alone on it (LinRec's paper
 #      setting and the common setting, ML-1M, max_len 200), with the peak GPU memory;
 #   3. start the training runs listed in GPU_RUNS (one "NAME FLAGS..." per line), side by side
 #      on the GPU, each cut off at the budget's end;
-#   4. meanwhile build and run the GPU test tier (models and CLI runs against their CPU twins);
+#   4. meanwhile build and run the GPU test tier (models and CLI runs against their CPU twins),
+#      then time the causal linear-attention product on the GPU (CUDA kernel, ATen reference,
+#      softmax attention) at a few lengths (OP_BENCH=0 skips);
 #   5. collect every log under $OUT: summary.txt (the lines that matter), build.log, tests.log,
 #      runs.tar.gz (each run's train.log, metrics.jsonl, flags.txt).
 # Environment: OUT (results folder, required), DATA (a prepared ML-1M dataset with user
@@ -35,11 +38,14 @@ if ! cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_
   tail -40 "$OUT/build.log"; exit 1
 fi
 grep "seqrec: MPI=" "$OUT/build.log" | tee -a "$summary"
-if ! ninja -C build-gpu seqrec >> "$OUT/build.log" 2>&1; then
+if ! ninja -C build-gpu seqrec test_linear_attention attention_bench >> "$OUT/build.log" 2>&1; then
   grep -B3 -A12 -m5 "error" "$OUT/build.log" | head -120; exit 1
 fi
 say "built seqrec"
 B=build-gpu/seqrec
+# The CUDA kernels against the CPU's before anything is timed or trained with them.
+timeout "$(left)" build-gpu/tests/ops/test_linear_attention > "$OUT/ops-tests.log" 2>&1
+say "test_linear_attention (CUDA kernel included): rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/ops-tests.log" | tr '\n' ' ')"
 
 # 2. Epoch times, alone on the GPU (validation excluded from the per-epoch figure).
 [ "${TIMING:-1}" = 0 ] || for setting in paper common; do
@@ -71,6 +77,11 @@ fi
 # 4. The GPU test tier.
 if ninja -C build-gpu test_models test_cli test_io_input >> "$OUT/build.log" 2>&1; then
   say "built the tests"
+  [ "${OP_BENCH:-1}" = 0 ] || for L in 200 1024 4096; do
+    for op in softmax linear linear:reference linrec; do
+      say "op $(timeout 60 build-gpu/bench/attention_bench --device cuda --op $op --len $L --tokens 25600 --dim 50 --iters 5 2>&1 | tail -1)"
+    done
+  done
   say "$(readelf -d build-gpu/seqrec | grep NEEDED | head -4 | tr -s ' ' | tr '\n' ' ')"
   build-gpu/tests/io/test_io_input --gtest_filter='Toolchain*:RemoveTree*' > "$OUT/tests.log" 2>&1
   say "test_io_input Toolchain/RemoveTree: rc=$? $(grep -E 'binds to|^\[  (PASSED|FAILED) ' "$OUT/tests.log" | tr '\n' ' ')"

@@ -2,8 +2,8 @@
 // Linear attention: (KᵀV) first, so the cost is O(L·Dh²) per head instead of O(L²·Dh).
 // Two layers: a generic causal linear-attention product computed chunk by chunk, and LinRec's
 // (Liu et al., SIGIR'23) ELU + L2-normalised feature maps on top of it. The product has a fused
-// CPU kernel and an ATen reference that runs on any device and differentiates through autograd;
-// a fused CUDA kernel will sit behind the same signatures.
+// CPU kernel, a fused CUDA kernel (linear_attention.cu) and an ATen reference that runs on any
+// device and differentiates through autograd.
 #include <ATen/core/Tensor.h>
 
 #include <string>
@@ -14,7 +14,10 @@ namespace seqrec::ops {
 // What the models call. On the CPU (float, double) it runs the fused kernel of
 // linear_attention_fused.cpp: per sequence a [Dh x Dv] state walked slot by slot, forward and a
 // hand-written backward, O(L·Dh·Dv) time and nothing saved beyond the inputs (`chunk` unused).
-// Elsewhere it runs causal_linear_attention_reference. First-order gradients only.
+// On a CUDA device (float, double, Dh and Dv <= 256, in a build with CUDA) it runs the kernel
+// of linear_attention.cu: the state in registers, the sequence walked in staged chunks, the
+// backward as three runs of the same kernel. Elsewhere it runs
+// causal_linear_attention_reference. First-order gradients only.
 at::Tensor causal_linear_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    int64_t chunk = 64);
 

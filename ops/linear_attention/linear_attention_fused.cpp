@@ -1,5 +1,6 @@
-// causal_linear_attention on the CPU: the running state walked slot by slot, with a hand-written
-// backward (see linear_attention.h).
+// causal_linear_attention's kernels: on the CPU the running state walked slot by slot, with a
+// hand-written backward (see linear_attention.h); on a CUDA device the autograd wrapper of
+// linear_attention.cu's kernel.
 //
 // Per sequence (b, h), with S = sum_{s <= t} k[s] vᵀ[s], a [Dk x Dv] state that stays in L1:
 //     forward:        S += k[t] vᵀ[t];   out[t] = q[t]ᵀ S                       (t = 0 .. L-1)
@@ -23,6 +24,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <vector>
+
+#include "seqrec_config.h"
+#if SEQREC_HAVE_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "ops/linear_attention/linear_attention_cuda.h"
+#endif
 
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
 #define SEQREC_LINATTN_X86 1
@@ -171,14 +180,62 @@ class CausalLinearAttentionFused : public torch::autograd::Function<CausalLinear
   }
 };
 
+#if SEQREC_HAVE_CUDA
+// The same product on a CUDA device: linear_attention.cu's kernel forward, and three runs of it
+// (one forward, two reversed) for the backward.
+bool cuda_kernel_takes(const at::Tensor& q, const at::Tensor& v) {
+  return q.is_cuda() && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble) &&
+         q.size(3) <= cuda::kLinearAttentionMaxWidth && v.size(3) <= cuda::kLinearAttentionMaxWidth;
+}
+
+// out = op(a, b, c) over [B, H, L, *] contiguous tensors on one device.
+at::Tensor cuda_product(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, bool reverse) {
+  const int64_t n = a.size(0) * a.size(1), L = a.size(2), dk = a.size(3), dv = c.size(3);
+  auto out = torch::empty({a.size(0), a.size(1), L, dv}, c.options());
+  const c10::cuda::CUDAGuard guard(a.device());
+  void* stream = c10::cuda::getCurrentCUDAStream(a.device().index()).stream();
+  AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "causal_linear_attention_cuda", [&] {
+    cuda::causal_linear_attention_launch<scalar_t>(a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(),
+                                                   c.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n, L, dk, dv,
+                                                   reverse, stream);
+  });
+  return out;
+}
+
+class CausalLinearAttentionCuda : public torch::autograd::Function<CausalLinearAttentionCuda> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
+                               const at::Tensor& v_in) {
+    auto q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+    ctx->save_for_backward({q, k, v});
+    return {cuda_product(q, k, v, /*reverse=*/false)};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2];
+    auto g = grads[0].contiguous();
+    // gq[t] = sum_{s<=t} (g[t]·v[s]) k[s];  gk[s] = sum_{t>=s} (v[s]·g[t]) q[t];
+    // gv[s] = sum_{t>=s} (k[s]·q[t]) g[t].
+    return {cuda_product(g, v, k, false), cuda_product(v, g, q, true), cuda_product(k, q, g, true)};
+  }
+};
+#endif
+
 }  // namespace
 
 at::Tensor causal_linear_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    int64_t chunk) {
   check_linear_attention_args(q, k, v, chunk);
+  const bool empty = q.numel() == 0 || v.numel() == 0;
+#if SEQREC_HAVE_CUDA
+  if (cuda_kernel_takes(q, v)) {
+    if (empty) return torch::zeros({q.size(0), q.size(1), q.size(2), v.size(3)}, v.options());
+    return CausalLinearAttentionCuda::apply(q, k, v)[0];
+  }
+#endif
   const bool fused = q.device().is_cpu() && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble);
   if (!fused) return causal_linear_attention_reference(q, k, v, chunk);
-  if (q.numel() == 0 || v.numel() == 0) return torch::zeros({q.size(0), q.size(1), q.size(2), v.size(3)}, v.options());
+  if (empty) return torch::zeros({q.size(0), q.size(1), q.size(2), v.size(3)}, v.options());
   return CausalLinearAttentionFused::apply(q, k, v)[0];
 }
 

@@ -2,7 +2,7 @@
 // (paper, code) and both forms (causal, global), shapes that break the chunking (length 1,
 // odd lengths, several chunks), left padding and all-padding rows; causality, padding
 // isolation, and gradients against central differences. The causal product's fused CPU kernel
-// against its chunked ATen reference.
+// against its chunked ATen reference, and (on a GPU machine) its CUDA kernel against the CPU's.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -162,6 +162,77 @@ TEST(LinearAttention, FusedKernelEmptyShapes) {
     EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 1, L, 3}));
     EXPECT_EQ(out.abs().sum().item<double>(), 0.0);
   }
+}
+
+// The CUDA kernel (what causal_linear_attention runs on a CUDA device) against the CPU's fused
+// kernel on the same inputs: values and all three gradients, in double and float, over widths
+// that leave lanes and warps idle (1, 5, 50, 200), the widest it takes (256) and one it leaves
+// to the reference (300), lengths of one slot, of partial and many staged chunks, Dk != Dv,
+// zeroed rows, non-contiguous inputs; then causality on the device. Runs on a GPU machine only.
+TEST(LinearAttention, CudaKernelMatchesCpuKernel) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: this check runs on a GPU machine";
+  torch::manual_seed(9);
+  struct Shape {
+    int64_t B, H, L, Dk, Dv;
+  };
+  for (auto dtype : {torch::kFloat64, torch::kFloat32})
+    for (Shape c : std::vector<Shape>{{1, 1, 1, 1, 1},
+                                      {2, 3, 7, 5, 3},
+                                      {3, 2, 65, 9, 17},
+                                      {4, 1, 200, 50, 50},
+                                      {2, 8, 200, 16, 16},
+                                      {1, 2, 300, 64, 40},
+                                      {1, 1, 33, 128, 128},
+                                      {1, 1, 17, 256, 256},
+                                      {1, 1, 19, 200, 3},
+                                      {1, 1, 19, 3, 200},
+                                      {1, 1, 1000, 8, 8},
+                                      {2, 1, 9, 300, 8}}) {
+      auto make = [&](int64_t d) { return torch::randn({c.B, c.L, c.H, d}, dtype).transpose(1, 2); };
+      auto q = make(c.Dk), k = make(c.Dk), v = make(c.Dv);
+      k.select(2, c.L / 2).zero_();
+      v.select(2, c.L / 2).zero_();
+      auto gout = torch::randn({c.B, c.H, c.L, c.Dv}, dtype);
+      auto run = [&](const torch::Device& device) {
+        auto qd = q.to(device).detach().requires_grad_(), kd = k.to(device).detach().requires_grad_(),
+             vd = v.to(device).detach().requires_grad_();
+        auto out = causal_linear_attention(qd, kd, vd);
+        auto grads = torch::autograd::grad({out}, {qd, kd, vd}, {gout.to(device)});
+        return std::make_pair(out, grads);
+      };
+      auto [want, g_want] = run(torch::kCPU);
+      auto [got, g_got] = run(torch::kCUDA);
+      const std::string where = "B" + std::to_string(c.B) + " H" + std::to_string(c.H) + " L" + std::to_string(c.L) +
+                                " Dk" + std::to_string(c.Dk) + " Dv" + std::to_string(c.Dv) +
+                                (dtype == torch::kFloat64 ? " double" : " float");
+      ASSERT_TRUE(got.is_cuda()) << where;
+      if (c.Dk <= 256 && c.Dv <= 256) {
+        EXPECT_NE(got.grad_fn()->name().find("CausalLinearAttentionCuda"), std::string::npos)
+            << where << ": " << got.grad_fn()->name();
+      }
+      // Both kernels sum in slot order; float rounding differs only by the order of the
+      // per-warp partial sums, so the tolerance is relative to the largest magnitude.
+      const double tol = dtype == torch::kFloat64 ? 1e-10 : 3e-5;
+      auto close = [&](const at::Tensor& a, const at::Tensor& b) {
+        auto ac = a.cpu();
+        return ((ac - b).abs().max() / b.abs().max().clamp_min(1.0)).item<double>() <= tol;
+      };
+      EXPECT_TRUE(close(got, want)) << where;
+      const char* names[] = {"dq", "dk", "dv"};
+      for (int i = 0; i < 3; ++i) EXPECT_TRUE(close(g_got[i], g_want[i])) << where << " " << names[i];
+    }
+
+  // Causality on the device: changing slots >= 40 leaves slots < 40 bit for bit.
+  auto q = torch::randn({2, 2, 97, 50}, torch::kCUDA), k = torch::randn({2, 2, 97, 50}, torch::kCUDA),
+       v = torch::randn({2, 2, 97, 50}, torch::kCUDA);
+  auto before = causal_linear_attention(q, k, v);
+  auto k2 = k.clone(), v2 = v.clone(), q2 = q.clone();
+  k2.narrow(2, 40, 57).normal_();
+  v2.narrow(2, 40, 57).normal_();
+  q2.narrow(2, 40, 57).normal_();
+  auto after = causal_linear_attention(q2, k2, v2);
+  EXPECT_TRUE(torch::equal(before.narrow(2, 0, 40), after.narrow(2, 0, 40)));
+  EXPECT_FALSE(torch::equal(before.narrow(2, 40, 57), after.narrow(2, 40, 57)));
 }
 
 TEST(LinearAttention, CausalFormIgnoresFutureAndPadding) {
