@@ -6,7 +6,8 @@
 #      (cd .device/debs && apt-get download liblzma-dev liblzma5)), and test the CUDA kernels
 #      against the CPU's before anything runs on them;
 #   2. time training epochs of SASRec and LinRec on the GPU, alone on it (LinRec's paper
-#      setting and the common setting, ML-1M, max_len 200), with the peak GPU memory;
+#      setting and the common setting, ML-1M, max_len 200), with the peak GPU memory, and
+#      profile 10 steps of each in the common setting (PROFILE=0 skips);
 #   3. start the training runs listed in GPU_RUNS (one "NAME FLAGS..." per line), side by side
 #      on the GPU, each cut off at the budget's end;
 #   4. meanwhile build and run the GPU test tier (models and CLI runs against their CPU twins),
@@ -58,6 +59,18 @@ say "test_linear_attention (CUDA kernel included): rc=$? $(grep -E '^\[  (PASSED
       --threads 4 --eval_batch 256 --log_every 1000 > $run.log 2>&1 || { tail -20 $run.log; }
     say "time $setting $m: $(grep -h '^\[done\] steps' $run/train.log 2>/dev/null || tail -3 $run.log)"
   done
+done
+
+# 2b. Where a GPU step goes: 10 profiled steps of each model in the common setting (host-side
+# op times: launches, synchronisations and host work), kept as profile-<model>.txt.
+[ "${PROFILE:-1}" = 0 ] || for m in sasrec linrec; do
+  run=/tmp/profile-$m
+  rm -rf $run
+  $B train --flagfile configs/ml-1m/common/$m.flags --data "$DATA" --out $run --epochs 1 --eval_every 1 \
+    --final_test=false --device cuda --threads 4 --profile_steps 10 --profile_after 5 --log_every 1000 \
+    > $run.log 2>&1 || tail -20 $run.log
+  cp $run/profile-rank0.txt "$OUT/profile-$m.txt" 2>/dev/null
+  say "profile $m: $(head -3 $run/profile-rank0.txt 2>/dev/null | tr '\n' ' ')"
 done
 
 # 3. The training runs, side by side.
