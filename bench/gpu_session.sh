@@ -49,10 +49,13 @@ timeout "$(left)" build-gpu/tests/ops/test_linear_attention > "$OUT/ops-tests.lo
 say "test_linear_attention (CUDA kernel included): rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/ops-tests.log" | tr '\n' ' ')"
 
 # 2. Epoch times, alone on the GPU (validation excluded from the per-epoch figure).
+# linrec-ref is LinRec through the ATen references (--fused_kernels=false), as before the kernel.
 [ "${TIMING:-1}" = 0 ] || for setting in paper common; do
-  for m in sasrec linrec; do
-    if [ $setting = paper ]; then flags="--flagfile configs/ml-1m/linrec.flags --model $m"
-    else flags="--flagfile configs/ml-1m/common/$m.flags"; fi
+  for m in sasrec linrec linrec-ref; do
+    model=${m%-ref}
+    if [ $setting = paper ]; then flags="--flagfile configs/ml-1m/linrec.flags --model $model"
+    else flags="--flagfile configs/ml-1m/common/$model.flags"; fi
+    [ $m = linrec-ref ] && flags="$flags --fused_kernels=false"
     run=/tmp/time-$setting-$m
     rm -rf $run
     $B train $flags --data "$DATA" --out $run --epochs 3 --eval_every 3 --final_test=false --device cuda \

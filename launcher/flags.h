@@ -7,6 +7,7 @@
 DECLARE_int32(threads);
 DECLARE_string(comm);
 DECLARE_string(device);
+DECLARE_bool(fused_kernels);
 DECLARE_uint64(seed);
 DECLARE_bool(progress);
 // prepare

@@ -25,6 +25,7 @@
 #include "io/prepare.h"
 #include "launcher/flags.h"
 #include "models/model.h"
+#include "ops/kernels.h"
 #include "train/checkpoint.h"
 #include "train/run_summary.h"
 #include "train/trainer.h"
@@ -407,6 +408,7 @@ int main(int argc, char** argv) {
     std::signal(SIGUSR1, on_signal);
     std::signal(SIGINT, on_signal);
     auto comm = dist::make_comm(FLAGS_comm);
+    ops::set_fused_kernels(FLAGS_fused_kernels);
     try {
       if (cmd == "train") return cmd_train(*comm);
       if (cmd == "eval") return cmd_eval(*comm);

@@ -25,6 +25,7 @@
 #include "ops/interest_attention/interest_attention.h"
 
 #include "ops/dropout/dropout.h"
+#include "ops/kernels.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Dispatch.h>
@@ -530,7 +531,7 @@ at::Tensor causal_interest_attention(const at::Tensor& q, const at::Tensor& k, c
     TORCH_CHECK(t->scalar_type() == q.scalar_type() && t->device() == q.device(),
                 "q, k, v, logits_k and logits_v must share dtype and device");
   if (L == 0) return torch::zeros({B, H, 0, Dh}, q.options());
-  if (!q.device().is_cpu() || (q.scalar_type() != at::kFloat && q.scalar_type() != at::kDouble))
+  if (!fused_kernels() || !q.device().is_cpu() || (q.scalar_type() != at::kFloat && q.scalar_type() != at::kDouble))
     return interest_attention(q, causal_interest_aggregation(k, logits_k, key_padding),
                               causal_interest_aggregation(v, logits_v, key_padding), dropout, training);
   const bool use_mask = training && dropout > 0;

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "ops/kernels.h"
 #include "seqrec_config.h"
 #if SEQREC_HAVE_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -184,7 +185,7 @@ class CausalLinearAttentionFused : public torch::autograd::Function<CausalLinear
 // The same product on a CUDA device: linear_attention.cu's kernel forward, and three runs of it
 // (one forward, two reversed) for the backward.
 bool cuda_kernel_takes(const at::Tensor& q, const at::Tensor& v) {
-  return q.is_cuda() && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble) &&
+  return fused_kernels() && q.is_cuda() && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble) &&
          q.size(3) <= cuda::kLinearAttentionMaxWidth && v.size(3) <= cuda::kLinearAttentionMaxWidth;
 }
 
@@ -233,7 +234,8 @@ at::Tensor causal_linear_attention(const at::Tensor& q, const at::Tensor& k, con
     return CausalLinearAttentionCuda::apply(q, k, v)[0];
   }
 #endif
-  const bool fused = q.device().is_cpu() && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble);
+  const bool fused = fused_kernels() && q.device().is_cpu() &&
+                     (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble);
   if (!fused) return causal_linear_attention_reference(q, k, v, chunk);
   if (empty) return torch::zeros({q.size(0), q.size(1), q.size(2), v.size(3)}, v.options());
   return CausalLinearAttentionFused::apply(q, k, v)[0];

@@ -36,6 +36,8 @@
 #include <limits>
 #include <vector>
 
+#include "ops/kernels.h"
+
 namespace seqrec::ops {
 namespace {
 
@@ -255,7 +257,7 @@ struct LisaAttentionFused : public torch::autograd::Function<LisaAttentionFused>
 at::Tensor lisa_attention(const at::Tensor& weights, const at::Tensor& query_index, const at::Tensor& key_padding,
                           const at::Tensor& table, const at::Tensor& values, double decay) {
   check_lisa_attention_args(weights, query_index, key_padding, table, values, decay);
-  const bool fused = weights.device().is_cpu() &&
+  const bool fused = fused_kernels() && weights.device().is_cpu() &&
                      (weights.scalar_type() == at::kFloat || weights.scalar_type() == at::kDouble);
   if (!fused) return lisa_attention_reference(weights, query_index, key_padding, table, values, decay);
   const int64_t B = weights.size(0), L = weights.size(1), D = values.size(2);

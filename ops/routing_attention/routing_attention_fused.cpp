@@ -15,6 +15,7 @@
 #include "ops/routing_attention/routing_attention.h"
 
 #include "ops/dropout/dropout.h"
+#include "ops/kernels.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -198,7 +199,7 @@ struct RoutedAttention : public torch::autograd::Function<RoutedAttention> {
 
 at::Tensor routed_attention(const at::Tensor& r, const at::Tensor& v, const RoutingPlan& plan,
                             const at::Tensor& key_padding, double scale, double dropout, bool training) {
-  if (!r.device().is_cpu() || (r.scalar_type() != at::kFloat && r.scalar_type() != at::kDouble))
+  if (!fused_kernels() || !r.device().is_cpu() || (r.scalar_type() != at::kFloat && r.scalar_type() != at::kDouble))
     return routed_attention_reference(r, v, plan, key_padding, scale, dropout, training);
   detail::check_routed_attention_args(r, v, plan, key_padding, dropout);
   return RoutedAttention::apply(r, v, plan.window, plan.valid, key_padding, scale, dropout,

@@ -635,6 +635,23 @@ TEST_F(Cli, ProfilesTheRequestedTrainingSteps) {
   EXPECT_TRUE(fs::exists(early + "/profile-rank0.txt"));
 }
 
+// --fused_kernels reaches the ops: LinRec's profiled steps run the fused causal kernel by
+// default and only its ATen reference with --fused_kernels=false.
+TEST_F(Cli, FusedKernelsFlagChoosesKernelOrReference) {
+  for (const bool fused : {true, false}) {
+    const std::string run = dir(fused ? "kernels-on" : "kernels-off");
+    auto r = run_seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall +
+                            "--model linrec --max_steps 3 --profile_steps 1 --profile_after 1 --final_test=false" +
+                            (fused ? "" : " --fused_kernels=false"),
+                        300);
+    ASSERT_EQ(r.code, 0) << r.output;
+    std::string text;
+    for (auto& l : read_lines(run + "/profile-rank0.txt")) text += l + "\n";
+    EXPECT_EQ(contains(text, "CausalLinearAttentionFused"), fused) << text;
+    EXPECT_TRUE(contains(text, "seqrec::attention")) << text;
+  }
+}
+
 TEST_F(Cli, HelpListsOnlyTheSubcommandsFlags) {
   auto r = run_seqrec("train --help");
   EXPECT_EQ(r.code, 0);

@@ -1,0 +1,94 @@
+// --fused_kernels (ops::set_fused_kernels): on, each op with a fused CPU kernel runs it (its
+// autograd node); off, the same call runs the op's ATen reference, bit for bit what calling the
+// reference directly gives.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ops/interest_attention/interest_attention.h"
+#include "ops/kernels.h"
+#include "ops/linear_attention/linear_attention.h"
+#include "ops/lisa_attention/lisa_attention.h"
+#include "ops/routing_attention/routing_attention.h"
+
+namespace {
+
+using namespace seqrec::ops;
+
+// Restores the switch however a test ends.
+struct FusedKernels {
+  explicit FusedKernels(bool on) : before(fused_kernels()) { set_fused_kernels(on); }
+  ~FusedKernels() { set_fused_kernels(before); }
+  bool before;
+};
+
+struct Case {
+  std::string name;
+  std::string fused_node;                      // the fused kernel's autograd node
+  std::function<at::Tensor()> call;            // what the models call
+  std::function<at::Tensor()> reference;       // the reference, called directly
+};
+
+std::vector<Case> cases() {
+  torch::manual_seed(11);
+  const int64_t B = 2, H = 1, L = 13, D = 8;
+  auto pad = torch::zeros({B, L}, torch::kBool);
+  pad[1].narrow(0, 0, 4).fill_(true);
+  auto grad = [](at::Tensor t) { return t.requires_grad_(); };
+  std::vector<Case> out;
+
+  auto q = grad(torch::randn({B, H, L, D})), k = grad(torch::randn({B, H, L, D})), v = grad(torch::randn({B, H, L, D}));
+  out.push_back({"linear", "CausalLinearAttentionFused", [=] { return causal_linear_attention(q, k, v, 4); },
+                 [=] { return causal_linear_attention_reference(q, k, v, 4); }});
+
+  auto kf = grad(torch::randn({B, L, D})), vf = grad(torch::randn({B, L, D}));
+  auto lk = grad(torch::randn({B, L, 3})), lv = grad(torch::randn({B, L, 3}));
+  out.push_back({"interest", "CausalInterestAttention",
+                 [=] { return causal_interest_attention(q, kf, vf, lk, lv, pad, 0.0, false); },
+                 [=] {
+                   return interest_attention(q, causal_interest_aggregation(kf, lk, pad),
+                                             causal_interest_aggregation(vf, lv, pad), 0.0, false);
+                 }});
+
+  const int64_t C = 2, W = 4;
+  auto weights = grad(torch::softmax(torch::randn({B, L, C, W}), -1));
+  auto index = torch::randint(W, {B, L, C}, torch::kLong);
+  auto table = grad(torch::randn({C, W, W})), values = grad(torch::randn({C, W, D}));
+  out.push_back({"lisa", "LisaAttentionFused",
+                 [=] { return lisa_attention(weights, index, pad, table, values, 0.9); },
+                 [=] { return lisa_attention_reference(weights, index, pad, table, values, 0.9); }});
+
+  auto r = grad(torch::randn({B, H, L, D}));
+  auto mu = torch::randn({H, 3, D});
+  mu = mu / mu.norm(2, -1, true);
+  const auto plan = causal_balanced_routing(r.detach(), mu, pad, 4, 4);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  out.push_back({"routing", "RoutedAttention", [=] { return routed_attention(r, v, plan, pad, scale, 0.0, false); },
+                 [=] { return routed_attention_reference(r, v, plan, pad, scale, 0.0, false); }});
+  return out;
+}
+
+TEST(FusedKernels, OnByDefaultAndTheOpsRunThem) {
+  EXPECT_TRUE(fused_kernels());
+  for (const auto& c : cases()) {
+    auto out = c.call();
+    ASSERT_TRUE(out.grad_fn()) << c.name;
+    EXPECT_NE(out.grad_fn()->name().find(c.fused_node), std::string::npos) << c.name << ": " << out.grad_fn()->name();
+  }
+}
+
+TEST(FusedKernels, OffTheOpsRunTheirReferences) {
+  const FusedKernels off(false);
+  for (const auto& c : cases()) {
+    auto out = c.call();
+    ASSERT_TRUE(out.grad_fn()) << c.name;
+    EXPECT_EQ(out.grad_fn()->name().find(c.fused_node), std::string::npos) << c.name << ": " << out.grad_fn()->name();
+    EXPECT_TRUE(torch::equal(out, c.reference())) << c.name;
+  }
+}
+
+}  // namespace
