@@ -214,10 +214,11 @@ class CausalLinearAttentionCuda : public torch::autograd::Function<CausalLinearA
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2];
-    auto g = grads[0].contiguous();
-    // gq[t] = sum_{s<=t} (g[t]·v[s]) k[s];  gk[s] = sum_{t>=s} (v[s]·g[t]) q[t];
-    // gv[s] = sum_{t>=s} (k[s]·q[t]) g[t].
-    return {cuda_product(g, v, k, false), cuda_product(v, g, q, true), cuda_product(k, q, g, true)};
+    const at::Tensor operands[4] = {q, k, v, grads[0].contiguous()};
+    variable_list out;
+    for (const auto& p : cuda::kBackwardProducts)
+      out.push_back(cuda_product(operands[p.a], operands[p.b], operands[p.c], p.reverse));
+    return out;
   }
 };
 #endif

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ops/linear_attention/linear_attention.h"
+#include "ops/linear_attention/linear_attention_cuda.h"
 #include "tests/ops/op_test_util.h"
 
 namespace {
@@ -162,6 +163,68 @@ TEST(LinearAttention, FusedKernelEmptyShapes) {
     EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 1, L, 3}));
     EXPECT_EQ(out.abs().sum().item<double>(), 0.0);
   }
+}
+
+// The CUDA kernel's phases emulated on the CPU (linear_attention_kernel.h: every block, each
+// phase for all 256 threads before the next) against the CPU's fused kernel: values, and the
+// three gradients as the CUDA op's backward composes them (kBackwardProducts), over widths that
+// leave lanes and warps idle, every rows-per-thread instantiation (widths 1-256), lengths of one
+// slot, of partial and of several staged chunks, Dk != Dv. What this cannot show (the hardware's
+// barriers, shared-memory limits, launch errors) is CudaKernelMatchesCpuKernel's, on a GPU.
+template <typename T>
+at::Tensor emulated_product(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, bool reverse) {
+  namespace lk = seqrec::ops::cuda::linear_kernel;
+  auto ac = a.contiguous(), bc = b.contiguous(), cc = c.contiguous();
+  auto out = torch::full({a.size(0), a.size(1), a.size(2), c.size(3)}, std::nan(""), c.options());
+  const lk::Args<T> args{ac.data_ptr<T>(), bc.data_ptr<T>(), cc.data_ptr<T>(), out.data_ptr<T>(),
+                         static_cast<int>(a.size(2)), static_cast<int>(a.size(3)), static_cast<int>(c.size(3)), reverse};
+  lk::emulate(args, a.size(0) * a.size(1));
+  return out;
+}
+
+TEST(LinearAttention, CudaKernelLogicMatchesCpuKernel) {
+  torch::manual_seed(10);
+  struct Shape {
+    int64_t B, H, L, Dk, Dv;
+  };
+  for (auto dtype : {torch::kFloat64, torch::kFloat32})
+    for (Shape c : std::vector<Shape>{{1, 1, 1, 1, 1},
+                                      {2, 3, 7, 5, 3},
+                                      {1, 2, 16, 16, 16},
+                                      {2, 1, 33, 9, 17},
+                                      {2, 1, 200, 50, 50},
+                                      {1, 2, 40, 64, 40},
+                                      {1, 1, 21, 100, 33},
+                                      {1, 1, 17, 256, 256},
+                                      {1, 1, 19, 200, 3},
+                                      {1, 1, 19, 3, 200}}) {
+      auto q = torch::randn({c.B, c.H, c.L, c.Dk}, dtype).requires_grad_();
+      auto k = torch::randn({c.B, c.H, c.L, c.Dk}, dtype).requires_grad_();
+      auto v = torch::randn({c.B, c.H, c.L, c.Dv}, dtype).requires_grad_();
+      auto gout = torch::randn({c.B, c.H, c.L, c.Dv}, dtype);
+      auto want = causal_linear_attention(q, k, v);  // the CPU's fused kernel
+      auto g_want = torch::autograd::grad({want}, {q, k, v}, {gout});
+      const at::Tensor operands[4] = {q.detach(), k.detach(), v.detach(), gout};
+      auto product = [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& cc, bool reverse) {
+        return dtype == torch::kFloat64 ? emulated_product<double>(a, b, cc, reverse)
+                                        : emulated_product<float>(a, b, cc, reverse);
+      };
+      const std::string where = "B" + std::to_string(c.B) + " H" + std::to_string(c.H) + " L" + std::to_string(c.L) +
+                                " Dk" + std::to_string(c.Dk) + " Dv" + std::to_string(c.Dv) +
+                                (dtype == torch::kFloat64 ? " double" : " float");
+      const double tol = dtype == torch::kFloat64 ? 1e-10 : 3e-5;
+      auto close = [&](const at::Tensor& got, const at::Tensor& ref) {
+        return torch::isfinite(got).all().item<bool>() &&  // every output slot written
+               ((got - ref).abs().max() / ref.abs().max().clamp_min(1.0)).item<double>() <= tol;
+      };
+      EXPECT_TRUE(close(product(operands[0], operands[1], operands[2], false), want.detach())) << where;
+      const char* names[] = {"dq", "dk", "dv"};
+      for (int i = 0; i < 3; ++i) {
+        const auto& p = seqrec::ops::cuda::kBackwardProducts[i];
+        EXPECT_TRUE(close(product(operands[p.a], operands[p.b], operands[p.c], p.reverse), g_want[i]))
+            << where << " " << names[i];
+      }
+    }
 }
 
 // The CUDA kernel (what causal_linear_attention runs on a CUDA device) against the CPU's fused

@@ -1,0 +1,170 @@
+#pragma once
+// The body of the causal linear-attention CUDA kernel (linear_attention.cu), written once for
+// nvcc and the host compiler: the kernel runs its three phases per chunk with a block barrier
+// between them, and emulate_block() runs the same phases on the CPU thread by thread (each
+// phase for every thread before the next, which is what the barriers guarantee), so that a
+// machine without a GPU tests the kernel's indexing, staging and reductions
+// (LinearAttention.CudaKernelLogicMatchesCpuKernel). No Torch and no CUDA headers here.
+//
+// One thread block per (sequence, tile of kLanes value columns). The running state
+// S = sum_{s <= t} k[s] vᵀ[s] of the tile, [dk x kLanes], lives in registers: lane l holds
+// column l, warp w the key rows w, w + kWarps, w + 2·kWarps, ... (kRows of them, a compile-time
+// bound so that the state is never spilled). The sequence is walked in chunks of kSteps slots:
+//   stage:       the chunk's q and k rows and the tile's v columns go to shared memory;
+//   accumulate:  per slot, each thread adds k[t, i] v[t, l] to its rows of S and sums
+//                q[t, i] S[i, l] over them into its warp's partial sum of out[t, l];
+//   reduce:      the kWarps partial sums of each (slot, column) are added and written out.
+// A slot's output depends on slots <= t only (>= t in reverse), summed in the same order
+// whatever follows, so a later slot cannot change an earlier output even by rounding.
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#if defined(__CUDACC__)
+#define SEQREC_KERNEL_FN __host__ __device__ __forceinline__
+#define SEQREC_KERNEL_UNROLL _Pragma("unroll")
+#else
+#define SEQREC_KERNEL_FN inline
+#define SEQREC_KERNEL_UNROLL
+#endif
+
+namespace seqrec::ops::cuda::linear_kernel {
+
+constexpr int kLanes = 32;  // value columns per block, one per lane
+constexpr int kWarps = 8;   // key-row partitions, one per warp
+constexpr int kThreads = kLanes * kWarps;
+constexpr int kSteps = 16;  // slots staged per chunk
+
+// The widest key rows: kWarps threads of at most 32 rows each.
+constexpr int kMaxRows = 32;
+constexpr int64_t kMaxWidth = static_cast<int64_t>(kWarps) * kMaxRows;
+
+template <typename T>
+struct Args {
+  const T* q;  // [n, L, dk]
+  const T* k;  // [n, L, dk]
+  const T* v;  // [n, L, dv]
+  T* out;      // [n, L, dv]
+  int L, dk, dv;
+  bool reverse;
+};
+
+// Shared memory of one block, carved from one buffer of shared_bytes<T>(dk).
+template <typename T>
+struct Shared {
+  T* qs;    // [kSteps][dk]
+  T* ks;    // [kSteps][dk]
+  T* vs;    // [kSteps][kLanes]
+  T* part;  // [kSteps][kWarps][kLanes]
+};
+
+template <typename T>
+SEQREC_KERNEL_FN size_t shared_bytes(int dk) {
+  return sizeof(T) * (static_cast<size_t>(2) * kSteps * dk + kSteps * kLanes + kSteps * kWarps * kLanes);
+}
+
+template <typename T>
+SEQREC_KERNEL_FN Shared<T> carve(void* raw, int dk) {
+  Shared<T> s;
+  s.qs = static_cast<T*>(raw);
+  s.ks = s.qs + kSteps * dk;
+  s.vs = s.ks + kSteps * dk;
+  s.part = s.vs + kSteps * kLanes;
+  return s;
+}
+
+// The slot at chunk position p of the chunk starting at c0.
+SEQREC_KERNEL_FN int64_t slot(int L, int c0, int p, bool reverse) { return reverse ? L - 1 - (c0 + p) : c0 + p; }
+
+template <typename T>
+SEQREC_KERNEL_FN void stage(const Args<T>& a, int64_t seq, int col0, int c0, int steps, int tid, const Shared<T>& s) {
+  const T* qn = a.q + seq * a.L * a.dk;
+  const T* kn = a.k + seq * a.L * a.dk;
+  const T* vn = a.v + seq * a.L * a.dv;
+  for (int e = tid; e < steps * a.dk; e += kThreads) {
+    const int p = e / a.dk, i = e - p * a.dk;
+    const int64_t t = slot(a.L, c0, p, a.reverse);
+    s.qs[e] = qn[t * a.dk + i];
+    s.ks[e] = kn[t * a.dk + i];
+  }
+  for (int e = tid; e < steps * kLanes; e += kThreads) {
+    const int p = e / kLanes, col = col0 + (e - p * kLanes);
+    s.vs[e] = col < a.dv ? vn[slot(a.L, c0, p, a.reverse) * a.dv + col] : T(0);
+  }
+}
+
+template <typename T, int kRows>
+SEQREC_KERNEL_FN void accumulate(int dk, int steps, int tid, T (&state)[kRows], const Shared<T>& s) {
+  const int lane = tid % kLanes, warp = tid / kLanes;
+  for (int p = 0; p < steps; ++p) {
+    const T vt = s.vs[p * kLanes + lane];
+    const T* qt = s.qs + p * dk;
+    const T* kt = s.ks + p * dk;
+    T acc = T(0);
+    SEQREC_KERNEL_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int i = warp + r * kWarps;
+      if (i < dk) {
+        state[r] += kt[i] * vt;
+        acc += qt[i] * state[r];
+      }
+    }
+    s.part[(p * kWarps + warp) * kLanes + lane] = acc;
+  }
+}
+
+template <typename T>
+SEQREC_KERNEL_FN void reduce(const Args<T>& a, int64_t seq, int col0, int c0, int steps, int tid, const Shared<T>& s) {
+  T* on = a.out + seq * a.L * a.dv;
+  for (int e = tid; e < steps * kLanes; e += kThreads) {
+    const int p = e / kLanes, l = e - p * kLanes, col = col0 + l;
+    if (col >= a.dv) continue;
+    T sum = T(0);
+    SEQREC_KERNEL_UNROLL
+    for (int w = 0; w < kWarps; ++w) sum += s.part[(p * kWarps + w) * kLanes + l];
+    on[slot(a.L, c0, p, a.reverse) * a.dv + col] = sum;
+  }
+}
+
+// Calls f(std::integral_constant<int, R>{}) with the rows per thread for keys of width dk: the
+// smallest power of two R with kWarps·R >= dk (1 <= dk <= kMaxWidth).
+template <typename F>
+void with_rows(int64_t dk, F&& f) {
+  if (dk <= 1 * kWarps) return f(std::integral_constant<int, 1>{});
+  if (dk <= 2 * kWarps) return f(std::integral_constant<int, 2>{});
+  if (dk <= 4 * kWarps) return f(std::integral_constant<int, 4>{});
+  if (dk <= 8 * kWarps) return f(std::integral_constant<int, 8>{});
+  if (dk <= 16 * kWarps) return f(std::integral_constant<int, 16>{});
+  f(std::integral_constant<int, kMaxRows>{});
+}
+
+// The grid: blocks (seq, tile) for seq < n, tile < tiles(dv).
+inline int64_t tiles(int64_t dv) { return (dv + kLanes - 1) / kLanes; }
+
+// Block (seq, tile) of the kernel on the CPU: the same phases, each for every thread in turn.
+template <typename T, int kRows>
+void emulate_block(const Args<T>& a, int64_t seq, int tile) {
+  std::vector<unsigned char> raw(shared_bytes<T>(a.dk));
+  const Shared<T> s = carve<T>(raw.data(), a.dk);
+  std::vector<T> state(static_cast<size_t>(kThreads) * kRows, T(0));
+  const int col0 = tile * kLanes;
+  for (int c0 = 0; c0 < a.L; c0 += kSteps) {
+    const int steps = a.L - c0 < kSteps ? a.L - c0 : kSteps;
+    for (int tid = 0; tid < kThreads; ++tid) stage(a, seq, col0, c0, steps, tid, s);
+    for (int tid = 0; tid < kThreads; ++tid)
+      accumulate<T, kRows>(a.dk, steps, tid, *reinterpret_cast<T(*)[kRows]>(state.data() + tid * kRows), s);
+    for (int tid = 0; tid < kThreads; ++tid) reduce(a, seq, col0, c0, steps, tid, s);
+  }
+}
+
+// The whole grid on the CPU, block by block.
+template <typename T>
+void emulate(const Args<T>& a, int64_t n) {
+  with_rows(a.dk, [&](auto rows) {
+    for (int64_t seq = 0; seq < n; ++seq)
+      for (int tile = 0; tile < tiles(a.dv); ++tile) emulate_block<T, decltype(rows)::value>(a, seq, tile);
+  });
+}
+
+}  // namespace seqrec::ops::cuda::linear_kernel
