@@ -94,7 +94,7 @@ fi
 if ninja -C build-gpu test_models test_cli test_io_input >> "$OUT/build.log" 2>&1; then
   say "built the tests"
   [ "${OP_BENCH:-1}" = 0 ] || for L in 200 1024 4096; do
-    for op in softmax linear linear:reference linrec; do
+    for op in softmax linear linear:reference linrec gated:cosine model:sasrec model:linrec; do
       say "op $(timeout 60 build-gpu/bench/attention_bench --device cuda --op $op --len $L --tokens 25600 --dim 50 --iters 5 2>&1 | tail -1)"
     done
   done
