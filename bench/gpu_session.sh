@@ -6,13 +6,12 @@
 #      (cd .device/debs && apt-get download liblzma-dev liblzma5)), and test the CUDA kernels
 #      against the CPU's before anything runs on them;
 #   2. time training epochs of SASRec and LinRec on the GPU, alone on it (LinRec's paper
-#      setting and the common setting, ML-1M, max_len 200), with the peak GPU memory, and
-#      profile 10 steps of each in the common setting (PROFILE=0 skips);
+#      setting and the common setting, ML-1M, max_len 200), with the peak GPU memory; time the
+#      attention ops forward + backward at L = 200, 1,024, 4,096 (OP_BENCH=0 skips); profile 10
+#      steps of each model in the common setting (PROFILE=0 skips);
 #   3. start the training runs listed in GPU_RUNS (one "NAME FLAGS..." per line), side by side
 #      on the GPU, each cut off at the budget's end;
-#   4. meanwhile build and run the GPU test tier (models and CLI runs against their CPU twins),
-#      then time the causal linear-attention product on the GPU (CUDA kernel, ATen reference,
-#      softmax attention) at a few lengths (OP_BENCH=0 skips);
+#   4. meanwhile build and run the GPU test tier (models and CLI runs against their CPU twins);
 #   5. collect every log under $OUT: summary.txt (the lines that matter), build.log, tests.log,
 #      runs.tar.gz (each run's train.log, metrics.jsonl, flags.txt).
 # Environment: OUT (results folder, required), DATA (a prepared ML-1M dataset with user
@@ -64,6 +63,14 @@ say "test_linear_attention (CUDA kernel included): rc=$? $(grep -E '^\[  (PASSED
   done
 done
 
+# 2a. The causal product (CUDA kernel, ATen reference), LinRec's and FLASH4Rec's cosine attention,
+# softmax attention and the two whole models, forward + backward, alone on the GPU.
+[ "${OP_BENCH:-1}" = 0 ] || for L in 200 1024 4096; do
+  for op in softmax linear linear:reference linrec gated:cosine model:sasrec model:linrec; do
+    say "op $(timeout 60 build-gpu/bench/attention_bench --device cuda --op $op --len $L --tokens 25600 --dim 50 --iters 5 2>&1 | tail -1)"
+  done
+done
+
 # 2b. Where a GPU step goes: 10 profiled steps of each model in the common setting (host-side
 # op times: launches, synchronisations and host work), kept as profile-<model>.txt.
 [ "${PROFILE:-1}" = 0 ] || for m in sasrec linrec; do
@@ -93,11 +100,6 @@ fi
 # 4. The GPU test tier.
 if ninja -C build-gpu test_models test_cli test_io_input >> "$OUT/build.log" 2>&1; then
   say "built the tests"
-  [ "${OP_BENCH:-1}" = 0 ] || for L in 200 1024 4096; do
-    for op in softmax linear linear:reference linrec gated:cosine model:sasrec model:linrec; do
-      say "op $(timeout 60 build-gpu/bench/attention_bench --device cuda --op $op --len $L --tokens 25600 --dim 50 --iters 5 2>&1 | tail -1)"
-    done
-  done
   say "$(readelf -d build-gpu/seqrec | grep NEEDED | head -4 | tr -s ' ' | tr '\n' ' ')"
   build-gpu/tests/io/test_io_input --gtest_filter='Toolchain*:RemoveTree*' > "$OUT/tests.log" 2>&1
   say "test_io_input Toolchain/RemoveTree: rc=$? $(grep -E 'binds to|^\[  (PASSED|FAILED) ' "$OUT/tests.log" | tr '\n' ' ')"
