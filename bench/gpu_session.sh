@@ -9,7 +9,8 @@
 #      setting and the common setting, ML-1M, max_len 200), with the peak GPU memory; time the
 #      attention ops forward + backward at L = 200, 1,024, 4,096 (OP_BENCH=0 skips); profile 10
 #      steps of each model in the common setting (PROFILE=0 skips);
-#   3. start the training runs listed in GPU_RUNS (one "NAME FLAGS..." per line), side by side
+#   3. start the training runs listed in GPU_RUNS (one "NAME FLAGS..." per line, # comments;
+#      bench/gpu_runs_flash4rec_size.txt is one such list), side by side
 #      on the GPU, each cut off at the budget's end;
 #   4. meanwhile build and run the GPU test tier (models and CLI runs against their CPU twins);
 #   5. collect every log under $OUT: summary.txt (the lines that matter), build.log, tests.log,
@@ -87,7 +88,7 @@ done
 pids=()
 if [ -n "${GPU_RUNS:-}" ] && [ -f "$GPU_RUNS" ]; then
   while read -r name flags; do
-    [ -z "$name" ] && continue
+    case "$name" in ''|'#'*) continue ;; esac
     mkdir -p /tmp/runs
     # shellcheck disable=SC2086
     $B train $flags --data "$DATA" --out /tmp/runs/$name --device cuda --threads "${RUN_THREADS:-2}" --eval_batch 256 --log_every 60 \
