@@ -100,22 +100,20 @@ int main(int argc, char** argv) {
     return t;
   };
   std::function<at::Tensor()> run;
-  if (op == "softmax" || op == "linrec") {
+  if (op == "softmax" || op == "linrec" || op == "linear" || op == "linear:reference") {
     auto q = leaf(torch::randn({B, heads, len, dh}, opt)), k = leaf(torch::randn({B, heads, len, dh}, opt)),
          v = leaf(torch::randn({B, heads, len, dh}, opt));
     if (op == "softmax")
       run = [=] { return seqrec::ops::causal_softmax_attention(q, k, v, pad, 0.0, true); };
-    else
+    else if (op == "linrec")
       run = [=] {
         return seqrec::ops::linrec_attention(q, k, v, pad, seqrec::ops::LinrecNorm::kPaper,
                                              seqrec::ops::LinrecForm::kCausal);
       };
-  } else if (op == "linear" || op == "linear:reference") {
-    auto q = leaf(torch::randn({B, heads, len, dh}, opt)), k = leaf(torch::randn({B, heads, len, dh}, opt)),
-         v = leaf(torch::randn({B, heads, len, dh}, opt));
-    const auto fn = op == "linear" ? &seqrec::ops::causal_linear_attention
-                                   : &seqrec::ops::causal_linear_attention_reference;
-    run = [=] { return fn(q, k, v, 64); };
+    else if (op == "linear")
+      run = [=] { return seqrec::ops::causal_linear_attention(q, k, v, 64); };
+    else
+      run = [=] { return seqrec::ops::causal_linear_attention_reference(q, k, v, 64); };
   } else if (op == "lightsans") {
     // The item-to-interest branch (LightSANs-ape's whole attention): aggregate keys and values,
     // attend each slot's query over its interests (the fused op the model runs).

@@ -69,6 +69,21 @@ at::Tensor real_only(const at::Tensor& out, const at::Tensor& pad) {
   return out.masked_fill(pad.unsqueeze(1).unsqueeze(-1), 0.0);
 }
 
+// A product's shape: q, k [B, H, L, Dk], v [B, H, L, Dv].
+struct Shape {
+  int64_t B, H, L, Dk, Dv;
+};
+
+std::string describe(const Shape& c, torch::ScalarType dtype) {
+  return "B" + std::to_string(c.B) + " H" + std::to_string(c.H) + " L" + std::to_string(c.L) + " Dk" +
+         std::to_string(c.Dk) + " Dv" + std::to_string(c.Dv) + (dtype == torch::kFloat64 ? " double" : " float");
+}
+
+// The largest absolute difference relative to the reference's largest magnitude (at least 1).
+double relative_error(const at::Tensor& got, const at::Tensor& ref) {
+  return ((got - ref).abs().max() / ref.abs().max().clamp_min(1.0)).item<double>();
+}
+
 struct Case {
   int64_t B, H, L, D;
   std::vector<int64_t> lengths;
@@ -110,9 +125,6 @@ TEST(LinearAttention, ChunkedProductIsExactForAnyChunk) {
 // blocking (length 1, odd lengths and widths, Dk != Dv), zero rows, and non-contiguous inputs.
 TEST(LinearAttention, FusedKernelMatchesChunkedReference) {
   torch::manual_seed(7);
-  struct Shape {
-    int64_t B, H, L, Dk, Dv;
-  };
   for (auto dtype : {torch::kFloat64, torch::kFloat32})
     for (Shape c : std::vector<Shape>{{1, 1, 1, 1, 1}, {2, 3, 7, 5, 3}, {3, 2, 65, 9, 17}, {2, 1, 200, 50, 50},
                                       {1, 2, 130, 16, 8}}) {
@@ -134,12 +146,8 @@ TEST(LinearAttention, FusedKernelMatchesChunkedReference) {
       auto g_got = torch::autograd::grad({got}, {q, k, v}, {gout});
       auto g_want = torch::autograd::grad({want}, {q, k, v}, {gout});
       const double tol = dtype == torch::kFloat64 ? 1e-10 : 2e-5;
-      auto close = [&](const at::Tensor& a, const at::Tensor& b) {
-        return ((a - b).abs().max() / b.abs().max().clamp_min(1.0)).item<double>() <= tol;
-      };
-      const std::string where = "B" + std::to_string(c.B) + " H" + std::to_string(c.H) + " L" + std::to_string(c.L) +
-                                " Dk" + std::to_string(c.Dk) + " Dv" + std::to_string(c.Dv) +
-                                (dtype == torch::kFloat64 ? " double" : " float");
+      auto close = [&](const at::Tensor& a, const at::Tensor& b) { return relative_error(a, b) <= tol; };
+      const std::string where = describe(c, dtype);
       EXPECT_TRUE(close(got, want)) << where;
       const char* names[] = {"dq", "dk", "dv"};
       for (int i = 0; i < 3; ++i) EXPECT_TRUE(close(g_got[i], g_want[i])) << where << " " << names[i];
@@ -184,9 +192,6 @@ at::Tensor emulated_product(const at::Tensor& a, const at::Tensor& b, const at::
 
 TEST(LinearAttention, CudaKernelLogicMatchesCpuKernel) {
   torch::manual_seed(10);
-  struct Shape {
-    int64_t B, H, L, Dk, Dv;
-  };
   for (auto dtype : {torch::kFloat64, torch::kFloat32})
     for (Shape c : std::vector<Shape>{{1, 1, 1, 1, 1},
                                       {2, 3, 7, 5, 3},
@@ -209,13 +214,11 @@ TEST(LinearAttention, CudaKernelLogicMatchesCpuKernel) {
         return dtype == torch::kFloat64 ? emulated_product<double>(a, b, cc, reverse)
                                         : emulated_product<float>(a, b, cc, reverse);
       };
-      const std::string where = "B" + std::to_string(c.B) + " H" + std::to_string(c.H) + " L" + std::to_string(c.L) +
-                                " Dk" + std::to_string(c.Dk) + " Dv" + std::to_string(c.Dv) +
-                                (dtype == torch::kFloat64 ? " double" : " float");
+      const std::string where = describe(c, dtype);
       const double tol = dtype == torch::kFloat64 ? 1e-10 : 3e-5;
       auto close = [&](const at::Tensor& got, const at::Tensor& ref) {
         return torch::isfinite(got).all().item<bool>() &&  // every output slot written
-               ((got - ref).abs().max() / ref.abs().max().clamp_min(1.0)).item<double>() <= tol;
+               relative_error(got, ref) <= tol;
       };
       EXPECT_TRUE(close(product(operands[0], operands[1], operands[2], false), want.detach())) << where;
       const char* names[] = {"dq", "dk", "dv"};
@@ -235,9 +238,6 @@ TEST(LinearAttention, CudaKernelLogicMatchesCpuKernel) {
 TEST(LinearAttention, CudaKernelMatchesCpuKernel) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: this check runs on a GPU machine";
   torch::manual_seed(9);
-  struct Shape {
-    int64_t B, H, L, Dk, Dv;
-  };
   for (auto dtype : {torch::kFloat64, torch::kFloat32})
     for (Shape c : std::vector<Shape>{{1, 1, 1, 1, 1},
                                       {2, 3, 7, 5, 3},
@@ -265,9 +265,7 @@ TEST(LinearAttention, CudaKernelMatchesCpuKernel) {
       };
       auto [want, g_want] = run(torch::kCPU);
       auto [got, g_got] = run(torch::kCUDA);
-      const std::string where = "B" + std::to_string(c.B) + " H" + std::to_string(c.H) + " L" + std::to_string(c.L) +
-                                " Dk" + std::to_string(c.Dk) + " Dv" + std::to_string(c.Dv) +
-                                (dtype == torch::kFloat64 ? " double" : " float");
+      const std::string where = describe(c, dtype);
       ASSERT_TRUE(got.is_cuda()) << where;
       if (c.Dk <= 256 && c.Dv <= 256) {
         EXPECT_NE(got.grad_fn()->name().find("CausalLinearAttentionCuda"), std::string::npos)
@@ -276,10 +274,7 @@ TEST(LinearAttention, CudaKernelMatchesCpuKernel) {
       // Both kernels sum in slot order; float rounding differs only by the order of the
       // per-warp partial sums, so the tolerance is relative to the largest magnitude.
       const double tol = dtype == torch::kFloat64 ? 1e-10 : 3e-5;
-      auto close = [&](const at::Tensor& a, const at::Tensor& b) {
-        auto ac = a.cpu();
-        return ((ac - b).abs().max() / b.abs().max().clamp_min(1.0)).item<double>() <= tol;
-      };
+      auto close = [&](const at::Tensor& a, const at::Tensor& b) { return relative_error(a.cpu(), b) <= tol; };
       EXPECT_TRUE(close(got, want)) << where;
       const char* names[] = {"dq", "dk", "dv"};
       for (int i = 0; i < 3; ++i) EXPECT_TRUE(close(g_got[i], g_want[i])) << where << " " << names[i];
