@@ -18,7 +18,8 @@
 # Environment: OUT (results folder, required), DATA (a prepared ML-1M dataset with user
 # features; default .devdata/ml-1m-uf), BUDGET_S (seconds from the start until the runs are
 # stopped and the results written; default 540), GPU_RUNS (a file; default none), TIMING=0
-# skips step 2, GPU_TESTS (a gtest filter for test_cli; default '*Cuda*:*Device*').
+# skips step 2, TESTS=0 skips step 4, GPU_TESTS (a gtest filter for test_cli; default
+# '*Cuda*:*Device*').
 set -uo pipefail
 : "${OUT:?set OUT to a folder for the results}"
 DATA=${DATA:-.devdata/ml-1m-uf}
@@ -98,8 +99,10 @@ if [ -n "${GPU_RUNS:-}" ] && [ -f "$GPU_RUNS" ]; then
   done < "$GPU_RUNS"
 fi
 
-# 4. The GPU test tier.
-if ninja -C build-gpu test_models test_cli test_io_input >> "$OUT/build.log" 2>&1; then
+# 4. The GPU test tier (TESTS=0 skips it).
+if [ "${TESTS:-1}" = 0 ]; then
+  say "the GPU test tier skipped (TESTS=0)"
+elif ninja -C build-gpu test_models test_cli test_io_input >> "$OUT/build.log" 2>&1; then
   say "built the tests"
   say "$(readelf -d build-gpu/seqrec | grep NEEDED | head -4 | tr -s ' ' | tr '\n' ' ')"
   build-gpu/tests/io/test_io_input --gtest_filter='Toolchain*:RemoveTree*' > "$OUT/tests.log" 2>&1

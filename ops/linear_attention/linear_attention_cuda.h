@@ -30,8 +30,15 @@ struct ProductCall {
 };
 constexpr ProductCall kBackwardProducts[3] = {{3, 2, 1, false}, {2, 3, 0, true}, {1, 0, 3, true}};
 
+// seg_len: slots per segment (causal_linear_attention_segment_len's; <= 0 or >= L: one); with
+// more than one segment, sums points to linear_kernel::workspace_elements(n, L, dk, dv, seg_len)
+// elements of scratch on the device, which the call overwrites.
 template <typename T>
 void causal_linear_attention_launch(const T* q, const T* k, const T* v, T* out, int64_t n, int64_t L, int64_t dk,
-                                    int64_t dv, bool reverse, void* stream);
+                                    int64_t dv, bool reverse, int64_t seg_len, T* sums, void* stream);
+
+// The segment length for n sequences of L slots and dv value columns on the current device
+// (linear_kernel::plan_segment_len with its multiprocessor count).
+int64_t causal_linear_attention_segment_len(int64_t n, int64_t L, int64_t dv);
 
 }  // namespace seqrec::ops::cuda

@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "ops/linear_attention/linear_attention.h"
@@ -173,20 +176,35 @@ TEST(LinearAttention, FusedKernelEmptyShapes) {
   }
 }
 
-// The CUDA kernel's phases emulated on the CPU (linear_attention_kernel.h: every block, each
-// phase for all 256 threads before the next) against the CPU's fused kernel: values, and the
-// three gradients as the CUDA op's backward composes them (kBackwardProducts), over widths that
-// leave lanes and warps idle, every rows-per-thread instantiation (widths 1-256), lengths of one
-// slot, of partial and of several staged chunks, Dk != Dv. What this cannot show (the hardware's
-// barriers, shared-memory limits, launch errors) is CudaKernelMatchesCpuKernel's, on a GPU.
+// The CUDA kernel's phases emulated on the CPU (linear_attention_kernel.h: every block of both
+// launches, each phase for all 256 threads before the next) against the CPU's fused kernel:
+// values, and the three gradients as the CUDA op's backward composes them (kBackwardProducts),
+// over widths that leave lanes and warps idle, every rows-per-thread instantiation (widths
+// 1-256), lengths of one slot, of partial and of several staged chunks, Dk != Dv; each shape in
+// one segment and in segments of 16, 48 and 64 slots (partial last segments; segment sums carried
+// across up to 13 segments). What this cannot show (the hardware's barriers, shared-memory
+// limits, launch errors) is CudaKernelMatchesCpuKernel's, on a GPU.
 template <typename T>
-at::Tensor emulated_product(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, bool reverse) {
+at::Tensor emulated_product(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, bool reverse,
+                            int64_t seg_len) {
   namespace lk = seqrec::ops::cuda::linear_kernel;
   auto ac = a.contiguous(), bc = b.contiguous(), cc = c.contiguous();
-  auto out = torch::full({a.size(0), a.size(1), a.size(2), c.size(3)}, std::nan(""), c.options());
-  const lk::Args<T> args{ac.data_ptr<T>(), bc.data_ptr<T>(), cc.data_ptr<T>(), out.data_ptr<T>(),
-                         static_cast<int>(a.size(2)), static_cast<int>(a.size(3)), static_cast<int>(c.size(3)), reverse};
-  lk::emulate(args, a.size(0) * a.size(1));
+  const int64_t n = a.size(0) * a.size(1), L = a.size(2), dk = a.size(3), dv = c.size(3);
+  auto out = torch::full({a.size(0), a.size(1), L, dv}, std::nan(""), c.options());
+  // NaN-filled, so that a segment sum read before it is written poisons the outputs.
+  auto sums = torch::full({std::max<int64_t>(1, lk::workspace_elements(n, L, dk, dv, seg_len))}, std::nan(""),
+                          c.options());
+  const lk::Args<T> args{ac.data_ptr<T>(),
+                         bc.data_ptr<T>(),
+                         cc.data_ptr<T>(),
+                         out.data_ptr<T>(),
+                         static_cast<int>(L),
+                         static_cast<int>(dk),
+                         static_cast<int>(dv),
+                         reverse,
+                         static_cast<int>(std::min(seg_len, L)),
+                         sums.data_ptr<T>()};
+  lk::emulate(args, n);
   return out;
 }
 
@@ -210,31 +228,64 @@ TEST(LinearAttention, CudaKernelLogicMatchesCpuKernel) {
       auto want = causal_linear_attention(q, k, v);  // the CPU's fused kernel
       auto g_want = torch::autograd::grad({want}, {q, k, v}, {gout});
       const at::Tensor operands[4] = {q.detach(), k.detach(), v.detach(), gout};
-      auto product = [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& cc, bool reverse) {
-        return dtype == torch::kFloat64 ? emulated_product<double>(a, b, cc, reverse)
-                                        : emulated_product<float>(a, b, cc, reverse);
-      };
-      const std::string where = describe(c, dtype);
       const double tol = dtype == torch::kFloat64 ? 1e-10 : 3e-5;
       auto close = [&](const at::Tensor& got, const at::Tensor& ref) {
         return torch::isfinite(got).all().item<bool>() &&  // every output slot written
                relative_error(got, ref) <= tol;
       };
-      EXPECT_TRUE(close(product(operands[0], operands[1], operands[2], false), want.detach())) << where;
-      const char* names[] = {"dq", "dk", "dv"};
-      for (int i = 0; i < 3; ++i) {
-        const auto& p = seqrec::ops::cuda::kBackwardProducts[i];
-        EXPECT_TRUE(close(product(operands[p.a], operands[p.b], operands[p.c], p.reverse), g_want[i]))
-            << where << " " << names[i];
+      for (int64_t seg_len : {c.L, int64_t{16}, int64_t{48}, int64_t{64}}) {
+        if (seg_len < c.L && c.Dk * c.Dv > 64 * 64) continue;  // the widest shapes once, in one segment
+        auto product = [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& cc, bool reverse) {
+          return dtype == torch::kFloat64 ? emulated_product<double>(a, b, cc, reverse, seg_len)
+                                          : emulated_product<float>(a, b, cc, reverse, seg_len);
+        };
+        const std::string where = describe(c, dtype) + " seg_len " + std::to_string(seg_len);
+        EXPECT_TRUE(close(product(operands[0], operands[1], operands[2], false), want.detach())) << where;
+        const char* names[] = {"dq", "dk", "dv"};
+        for (int i = 0; i < 3; ++i) {
+          const auto& p = seqrec::ops::cuda::kBackwardProducts[i];
+          EXPECT_TRUE(close(product(operands[p.a], operands[p.b], operands[p.c], p.reverse), g_want[i]))
+              << where << " " << names[i];
+        }
       }
     }
+}
+
+// How the launcher splits sequences into segments: only short grids, never below kMinSegment
+// slots or past kMaxSegments, each a multiple of the staged chunk, covering L exactly.
+TEST(LinearAttention, CudaSegmentPlan) {
+  namespace lk = seqrec::ops::cuda::linear_kernel;
+  // A grid that fills the device, or a sequence too short to split: one segment.
+  EXPECT_EQ(lk::plan_segment_len(128 * 8, 200, 16, 132), 200);   // LinRec's paper setting: 1,024 blocks
+  EXPECT_EQ(lk::plan_segment_len(6, 100, 50, 132), 100);         // under 2 x kMinSegment
+  EXPECT_EQ(lk::workspace_elements(6, 100, 50, 50, 100), 0);
+  for (auto [n, L, dv, sms] : std::vector<std::array<int64_t, 4>>{
+           {6, 4096, 50, 132}, {25, 1024, 50, 132}, {128, 200, 50, 132}, {1, 1000, 8, 132}, {1, 131, 1, 1}, {1, 1 << 20, 256, 132}}) {
+    const int64_t len = lk::plan_segment_len(n, L, dv, sms), segs = (L + len - 1) / len;
+    const std::string where = "n " + std::to_string(n) + " L " + std::to_string(L) + " dv " + std::to_string(dv);
+    EXPECT_GE(len, lk::kMinSegment) << where;
+    EXPECT_EQ(len % lk::kSteps, 0) << where;
+    EXPECT_GT(segs, 1) << where;
+    EXPECT_LE(segs, lk::kMaxSegments) << where;
+    EXPECT_EQ(lk::segments(static_cast<int>(L), static_cast<int>(len)), segs) << where;
+    // About kBlocksPerSm blocks per multiprocessor (less at most what rounding segments up to
+    // whole chunks costs), unless a bound on the segments stops it.
+    const int64_t blocks = n * lk::tiles(dv), target = lk::kBlocksPerSm * sms;
+    if ((target + blocks - 1) / blocks <= std::min<int64_t>(lk::kMaxSegments, L / lk::kMinSegment)) {
+      EXPECT_GE(4 * blocks * segs, 3 * target) << where;
+    }
+    EXPECT_EQ(lk::workspace_elements(n, L, 64, dv, len), blocks * segs * 64 * lk::kLanes) << where;
+  }
+  EXPECT_EQ(lk::plan_segment_len(6, 4096, 50, 132), 96);  // 43 segments of 96 slots: 516 blocks
 }
 
 // The CUDA kernel (what causal_linear_attention runs on a CUDA device) against the CPU's fused
 // kernel on the same inputs: values and all three gradients, in double and float, over widths
 // that leave lanes and warps idle (1, 5, 50, 200), the widest it takes (256) and one it leaves
 // to the reference (300), lengths of one slot, of partial and many staged chunks, Dk != Dv,
-// zeroed rows, non-contiguous inputs; then causality on the device. Runs on a GPU machine only.
+// zeroed rows, non-contiguous inputs; the launcher splits the longer shapes of few sequences into
+// segments (200, 300 and 1,000 slots: 3, 4 and 13 of them); then causality on the device. Runs
+// on a GPU machine only.
 TEST(LinearAttention, CudaKernelMatchesCpuKernel) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: this check runs on a GPU machine";
   torch::manual_seed(9);
@@ -280,17 +331,20 @@ TEST(LinearAttention, CudaKernelMatchesCpuKernel) {
       for (int i = 0; i < 3; ++i) EXPECT_TRUE(close(g_got[i], g_want[i])) << where << " " << names[i];
     }
 
-  // Causality on the device: changing slots >= 40 leaves slots < 40 bit for bit.
-  auto q = torch::randn({2, 2, 97, 50}, torch::kCUDA), k = torch::randn({2, 2, 97, 50}, torch::kCUDA),
-       v = torch::randn({2, 2, 97, 50}, torch::kCUDA);
-  auto before = causal_linear_attention(q, k, v);
-  auto k2 = k.clone(), v2 = v.clone(), q2 = q.clone();
-  k2.narrow(2, 40, 57).normal_();
-  v2.narrow(2, 40, 57).normal_();
-  q2.narrow(2, 40, 57).normal_();
-  auto after = causal_linear_attention(q2, k2, v2);
-  EXPECT_TRUE(torch::equal(before.narrow(2, 0, 40), after.narrow(2, 0, 40)));
-  EXPECT_FALSE(torch::equal(before.narrow(2, 40, 57), after.narrow(2, 40, 57)));
+  // Causality on the device, in one segment (L 97) and across segments (L 300: 8 blocks, so
+  // segments of 80 slots): changing slots >= c leaves slots < c bit for bit.
+  for (auto [L, c] : std::vector<std::pair<int64_t, int64_t>>{{97, 40}, {300, 140}}) {
+    auto q = torch::randn({2, 2, L, 50}, torch::kCUDA), k = torch::randn({2, 2, L, 50}, torch::kCUDA),
+         v = torch::randn({2, 2, L, 50}, torch::kCUDA);
+    auto before = causal_linear_attention(q, k, v);
+    auto k2 = k.clone(), v2 = v.clone(), q2 = q.clone();
+    k2.narrow(2, c, L - c).normal_();
+    v2.narrow(2, c, L - c).normal_();
+    q2.narrow(2, c, L - c).normal_();
+    auto after = causal_linear_attention(q2, k2, v2);
+    EXPECT_TRUE(torch::equal(before.narrow(2, 0, c), after.narrow(2, 0, c))) << "L " << L;
+    EXPECT_FALSE(torch::equal(before.narrow(2, c, L - c), after.narrow(2, c, L - c))) << "L " << L;
+  }
 }
 
 TEST(LinearAttention, CausalFormIgnoresFutureAndPadding) {
