@@ -15,12 +15,20 @@ namespace {
 namespace fs = std::filesystem;
 using namespace seqrec::train;
 
-std::string scratch(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("seqrec-ckpt-" + name + "-" + std::to_string(::getpid()));
-  seqrec::io::remove_tree(d);
-  fs::create_directories(d);
-  return d.string();
-}
+// A fresh scratch directory, removed with everything in it when the test ends.
+struct Scratch {
+  explicit Scratch(const std::string& name)
+      : path((fs::temp_directory_path() / ("seqrec-ckpt-" + name + "-" + std::to_string(::getpid()))).string()) {
+    seqrec::io::remove_tree(path);
+    fs::create_directories(path);
+  }
+  ~Scratch() { seqrec::io::try_remove_tree(path); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  operator const std::string&() const { return path; }
+  std::string operator+(const char* rel) const { return path + rel; }
+  const std::string path;
+};
 
 TensorBundle sample_bundle() {
   TensorBundle b;
@@ -50,7 +58,7 @@ void expect_error_naming(const std::function<void()>& f, const std::string& need
 }
 
 TEST(BundleFile, RoundTripsEveryDtypeAndShape) {
-  const auto dir = scratch("roundtrip");
+  const Scratch dir("roundtrip");
   auto b = sample_bundle();
   write_bundle_file(dir + "/x.bin", b);
   auto r = read_bundle_file(dir + "/x.bin");
@@ -64,7 +72,7 @@ TEST(BundleFile, RoundTripsEveryDtypeAndShape) {
 }
 
 TEST(BundleFile, EveryTruncationIsAClearError) {
-  const auto dir = scratch("trunc");
+  const Scratch dir("trunc");
   write_bundle_file(dir + "/x.bin", sample_bundle());
   const std::string bytes = seqrec::testing::read_file(dir + "/x.bin");
   for (size_t cut = 0; cut < bytes.size(); cut += std::max<size_t>(1, bytes.size() / 40)) {
@@ -74,7 +82,7 @@ TEST(BundleFile, EveryTruncationIsAClearError) {
 }
 
 TEST(BundleFile, FlippedBytesBadMagicAndMissingFilesAreNamed) {
-  const auto dir = scratch("flip");
+  const Scratch dir("flip");
   write_bundle_file(dir + "/x.bin", sample_bundle());
   std::fstream f(dir + "/x.bin", std::ios::in | std::ios::out | std::ios::binary);
   f.seekp(300);
@@ -87,7 +95,7 @@ TEST(BundleFile, FlippedBytesBadMagicAndMissingFilesAreNamed) {
 }
 
 TEST(CheckpointManager, SaveLatestLoadAndPrune) {
-  const auto dir = scratch("manager");
+  const Scratch dir("manager");
   auto comm = seqrec::dist::make_local_comm();
   CheckpointManager m({dir, 2}, *comm);
   EXPECT_FALSE(m.latest().has_value());
@@ -112,7 +120,7 @@ TEST(CheckpointManager, SaveLatestLoadAndPrune) {
 }
 
 TEST(CheckpointManager, IncompleteAndDamagedCheckpointsAreNeverTakenForComplete) {
-  const auto dir = scratch("incomplete");
+  const Scratch dir("incomplete");
   auto comm = seqrec::dist::make_local_comm();
   CheckpointManager m({dir, 5}, *comm);
   TensorBundle s;
