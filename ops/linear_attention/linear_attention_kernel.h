@@ -25,13 +25,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__CUDACC__)
-#define SEQREC_KERNEL_FN __host__ __device__ __forceinline__
-#define SEQREC_KERNEL_UNROLL _Pragma("unroll")
-#else
-#define SEQREC_KERNEL_FN inline
-#define SEQREC_KERNEL_UNROLL
-#endif
+#include "ops/kernel_common.h"
 
 namespace seqrec::ops::cuda::linear_kernel {
 

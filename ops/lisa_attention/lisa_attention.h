@@ -8,9 +8,11 @@
 // lisa_attention is what the models call. On the CPU (float, double) it runs the fused kernel of
 // lisa_attention_fused.cpp: scan, normalisation and attention weights in one pass per
 // (sequence, codebook) with a hand-written backward, keeping one [B, L, C, W] tensor instead of
-// about ten. Elsewhere it runs lisa_attention_reference, the ATen composition that works on any
-// device and differentiates through autograd; a fused CUDA kernel will sit behind the same
-// signature. Both differentiate w.r.t. weights, table and values (first order only).
+// about ten. On a CUDA device (float, double, W <= 512) it runs lisa_attention.cu's kernels, the
+// same algorithm with one warp per (sequence, codebook). Elsewhere, or with
+// --fused_kernels=false, it runs lisa_attention_reference, the ATen composition that works on
+// any device and differentiates through autograd. All differentiate w.r.t. weights, table and
+// values (first order only).
 #include <ATen/core/Tensor.h>
 
 namespace seqrec::ops {

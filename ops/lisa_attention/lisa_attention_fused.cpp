@@ -1,5 +1,6 @@
 // lisa_attention on the CPU: the decayed histogram scan, the per-codebook normalisation and the
-// attention weights in one pass per (sequence, codebook), with a hand-written backward.
+// attention weights in one pass per (sequence, codebook), with a hand-written backward; on a
+// CUDA device the same algorithm in lisa_attention.cu's kernels (LisaAttentionCuda below).
 //
 // The reference (lisa_attention_ref.cpp) builds about ten [B, L, C, W] tensors forward (the
 // histogram, the gathered logits, their logs, maxima, exponentials, weights...) and as many
@@ -37,6 +38,13 @@
 #include <vector>
 
 #include "ops/kernels.h"
+#include "seqrec_config.h"
+#if SEQREC_HAVE_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "ops/lisa_attention/lisa_attention_cuda.h"
+#endif
 
 namespace seqrec::ops {
 namespace {
@@ -252,11 +260,91 @@ struct LisaAttentionFused : public torch::autograd::Function<LisaAttentionFused>
   }
 };
 
+#if SEQREC_HAVE_CUDA
+// The same op on a CUDA device: lisa_attention.cu's kernels for the scan, the normalisation and
+// their backward (one warp per (sequence, codebook) row), the products by the values as GEMMs.
+bool cuda_kernel_takes(const at::Tensor& weights) {
+  return fused_kernels() && weights.is_cuda() &&
+         (weights.scalar_type() == at::kFloat || weights.scalar_type() == at::kDouble) &&
+         weights.size(3) <= cuda::kLisaMaxCodewords;
+}
+
+template <typename T>
+cuda::lisa_kernel::Args<T> kernel_args(const at::Tensor& weights, const at::Tensor& index, const at::Tensor& pad,
+                                       const at::Tensor& table, const at::Tensor& A, const at::Tensor& r,
+                                       double decay) {
+  cuda::lisa_kernel::Args<T> a{};
+  a.weights = weights.defined() ? weights.data_ptr<T>() : nullptr;
+  a.psi = index.data_ptr<int64_t>();
+  a.pad = pad.data_ptr<bool>();
+  a.table = table.data_ptr<T>();
+  a.A = A.data_ptr<T>();
+  a.r = r.data_ptr<T>();
+  a.B = A.size(0);
+  a.L = A.size(1);
+  a.C = A.size(2);
+  a.W = A.size(3);
+  a.decay = static_cast<T>(decay);
+  return a;
+}
+
+struct LisaAttentionCuda : public torch::autograd::Function<LisaAttentionCuda> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& weights_in, const at::Tensor& table_in,
+                               const at::Tensor& values_in, const at::Tensor& index_in, const at::Tensor& pad_in,
+                               double decay) {
+    auto weights = weights_in.contiguous(), table = table_in.contiguous(), values = values_in.contiguous();
+    auto index = index_in.contiguous(), pad = pad_in.contiguous();
+    const int64_t B = weights.size(0), L = weights.size(1), C = weights.size(2), W = weights.size(3),
+                  D = values.size(2);
+    auto A = torch::empty({B, L, C, W}, weights.options());
+    auto r = torch::empty({B, L, C}, weights.options());
+    const c10::cuda::CUDAGuard guard(weights.device());
+    void* stream = c10::cuda::getCurrentCUDAStream(weights.device().index()).stream();
+    AT_DISPATCH_FLOATING_TYPES(weights.scalar_type(), "lisa_attention_cuda", [&] {
+      cuda::lisa_attention_forward_launch<scalar_t>(kernel_args<scalar_t>(weights, index, pad, table, A, r, decay),
+                                                    stream);
+    });
+    auto out = A.view({B * L, C * W}).mm(values.view({C * W, D})).view({B, L, D});
+    ctx->save_for_backward({A, r, index, pad, table, values});
+    ctx->saved_data["decay"] = decay;
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto &A = saved[0], &r = saved[1], &index = saved[2], &pad = saved[3], &table = saved[4],
+               &values = saved[5];
+    const double decay = ctx->saved_data["decay"].toDouble();
+    const int64_t B = A.size(0), L = A.size(1), C = A.size(2), W = A.size(3), D = values.size(2);
+    auto gout = grads[0].contiguous().view({B * L, D});
+    auto gvalues = A.view({B * L, C * W}).t().mm(gout).view({C, W, D});
+    auto g = gout.mm(values.view({C * W, D}).t()).view({B, L, C, W});  // gA, then gweights in place
+    auto gtable = torch::zeros({C, W, W}, A.options());
+    const c10::cuda::CUDAGuard guard(A.device());
+    void* stream = c10::cuda::getCurrentCUDAStream(A.device().index()).stream();
+    AT_DISPATCH_FLOATING_TYPES(A.scalar_type(), "lisa_attention_cuda_backward", [&] {
+      auto a = kernel_args<scalar_t>(at::Tensor(), index, pad, table, A, r, decay);
+      a.g = g.data_ptr<scalar_t>();
+      a.gtable = gtable.data_ptr<scalar_t>();
+      cuda::lisa_attention_backward_launch<scalar_t>(a, stream);
+    });
+    return {g, gtable, gvalues, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+#endif
+
 }  // namespace
 
 at::Tensor lisa_attention(const at::Tensor& weights, const at::Tensor& query_index, const at::Tensor& key_padding,
                           const at::Tensor& table, const at::Tensor& values, double decay) {
   check_lisa_attention_args(weights, query_index, key_padding, table, values, decay);
+#if SEQREC_HAVE_CUDA
+  if (cuda_kernel_takes(weights)) {
+    const int64_t B = weights.size(0), L = weights.size(1), D = values.size(2);
+    if (B == 0 || L == 0) return torch::zeros({B, L, D}, values.options());
+    return LisaAttentionCuda::apply(weights, table, values, query_index, key_padding, decay)[0];
+  }
+#endif
   const bool fused = fused_kernels() && weights.device().is_cpu() &&
                      (weights.scalar_type() == at::kFloat || weights.scalar_type() == at::kDouble);
   if (!fused) return lisa_attention_reference(weights, query_index, key_padding, table, values, decay);

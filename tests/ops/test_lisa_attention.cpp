@@ -6,11 +6,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ops/lisa_attention/lisa_attention.h"
+#include "ops/lisa_attention/lisa_attention_kernel.h"
 #include "tests/ops/op_test_util.h"
 
 namespace {
@@ -387,6 +390,188 @@ TEST(LisaAttention, FusedHandlesLogitsAndCountsFarApart) {
   (out * torch::randn_like(out)).sum().backward();
   EXPECT_TRUE(torch::isfinite(w.grad()).all().item<bool>());
   EXPECT_TRUE(torch::isfinite(t.grad()).all().item<bool>());
+}
+
+// The CUDA kernels' row functions (lisa_attention_kernel.h) on the CPU with an emulated warp:
+// out, and the gradients of weights, table and values for the output gradient gout, composed as
+// the CUDA op composes them (the products by the values as GEMMs). A, r and g start as NaN, so a
+// slot the kernels leave unwritten shows.
+template <typename T>
+std::vector<at::Tensor> emulated_cuda_op(const Inputs& in, double decay, const at::Tensor& gout) {
+  namespace lk = seqrec::ops::cuda::lisa_kernel;
+  auto weights = in.weights.contiguous(), table = in.table.contiguous(), values = in.values.contiguous();
+  auto index = in.index.contiguous(), pad = in.pad.contiguous();
+  const int64_t B = weights.size(0), L = weights.size(1), C = weights.size(2), W = weights.size(3),
+                D = values.size(2);
+  auto A = torch::full({B, L, C, W}, std::nan(""), weights.options());
+  auto r = torch::full({B, L, C}, std::nan(""), weights.options());
+  lk::Args<T> a{weights.data_ptr<T>(), index.data_ptr<int64_t>(), pad.data_ptr<bool>(), table.data_ptr<T>(),
+                A.data_ptr<T>(), r.data_ptr<T>(), nullptr, nullptr, B, L, C, W, static_cast<T>(decay)};
+  lk::emulate_forward(a);
+  EXPECT_FALSE(torch::isnan(A).any().item<bool>() || torch::isnan(r).any().item<bool>()) << "a slot left unwritten";
+  auto out = A.view({B * L, C * W}).mm(values.view({C * W, D})).view({B, L, D});
+  auto g2 = gout.contiguous().view({B * L, D});
+  auto gvalues = A.view({B * L, C * W}).t().mm(g2).view({C, W, D});
+  auto g = g2.mm(values.view({C * W, D}).t()).view({B, L, C, W}).contiguous();
+  auto gtable = torch::zeros({C, W, W}, weights.options());
+  a.g = g.data_ptr<T>();
+  a.gtable = gtable.data_ptr<T>();
+  lk::emulate_backward(a);
+  return {out, g, gtable, gvalues};
+}
+
+// Against the CPU's fused kernel, in double and float: W below, at and past a lane's 32
+// codewords up to the 512 the kernel takes (every codewords-per-lane instantiation), left and
+// right padding with empty and full rows, decay 1 and e^-0.1, soft and one-hot weights, and
+// logits and counts 200 nats apart (the exact-shift fallback). What this cannot show (the
+// device's shuffles, atomics, launch errors) is CudaKernelMatchesCpuKernel's, on a GPU.
+TEST(LisaAttention, CudaKernelLogicMatchesCpuKernel) {
+  torch::manual_seed(21);
+  struct Shape {
+    int64_t B, L, C, W, D;
+  };
+  for (auto dtype : {torch::kFloat64, torch::kFloat32})
+    for (Shape sh : std::vector<Shape>{{1, 1, 1, 1, 2},
+                                       {3, 37, 2, 5, 4},
+                                       {3, 70, 3, 32, 7},
+                                       {2, 45, 2, 33, 5},
+                                       {2, 30, 2, 100, 3},
+                                       {2, 25, 1, 256, 4},
+                                       {1, 12, 2, 300, 3},
+                                       {1, 9, 1, 512, 2}})
+      for (bool left : {true, false})
+        for (double decay : {1.0, kDecay})
+          for (bool onehot : {false, true}) {
+            if (sh.W >= 256 && (!left || onehot)) continue;  // the widest rows in fewer settings
+            std::vector<int64_t> lengths;
+            for (int64_t b = 0; b < sh.B; ++b) lengths.push_back(b == 0 ? sh.L : (b == 1 ? 0 : sh.L / 2));
+            auto pad = padding(lengths, sh.L, left);
+            auto in = make_inputs(sh.B, sh.L, sh.C, sh.W, sh.D, pad, onehot, dtype);
+            auto gout = torch::randn({sh.B, sh.L, sh.D}, dtype);
+            auto w = in.weights.clone().requires_grad_(), t = in.table.clone().requires_grad_(),
+                 v = in.values.clone().requires_grad_();
+            auto want = lisa_attention(w, in.index, pad, t, v, decay);  // the CPU's fused kernel
+            auto g_want = torch::autograd::grad({want}, {w, t, v}, {gout});
+            auto got = dtype == torch::kFloat64 ? emulated_cuda_op<double>(in, decay, gout)
+                                                : emulated_cuda_op<float>(in, decay, gout);
+            const std::string where = std::string(dtype == torch::kFloat64 ? "double" : "float") + " B " +
+                                      std::to_string(sh.B) + " L " + std::to_string(sh.L) + " C " +
+                                      std::to_string(sh.C) + " W " + std::to_string(sh.W) + " left " +
+                                      std::to_string(left) + " decay " + std::to_string(decay) + " onehot " +
+                                      std::to_string(onehot);
+            const double tol = dtype == torch::kFloat64 ? 1e-10 : 1e-5;
+            auto close = [&](const at::Tensor& a, const at::Tensor& b) {
+              return torch::isfinite(a).all().item<bool>() &&
+                     max_err(a, b) <= tol * std::max(1.0, b.abs().max().item<double>());
+            };
+            EXPECT_TRUE(close(got[0], want.detach())) << where << " out, max err " << max_err(got[0], want);
+            const char* names[] = {"weights", "table", "values"};
+            for (int k = 0; k < 3; ++k)
+              EXPECT_TRUE(close(got[k + 1], g_want[k]))
+                  << where << " " << names[k] << " gradient, max err " << max_err(got[k + 1], g_want[k]);
+          }
+
+  // Logits and counts far apart (as FusedHandlesLogitsAndCountsFarApart): the exact shift.
+  for (auto dtype : {torch::kFloat64, torch::kFloat32}) {
+    const int64_t L = 801, W = 2, D = 3;
+    Inputs in;
+    in.index = torch::zeros({1, L, 1}, torch::kLong);
+    in.index[0][L - 1][0] = 1;
+    in.weights = torch::one_hot(in.index, W).to(dtype);
+    in.weights.narrow(1, 1, L - 2).zero_();
+    in.pad = torch::zeros({1, L}, torch::kBool);
+    in.table = torch::zeros({1, W, W}, dtype);
+    in.table[0][1][0] = 200.0;
+    in.values = torch::randn({1, W, D}, dtype);
+    auto got = dtype == torch::kFloat64 ? emulated_cuda_op<double>(in, kDecay, torch::ones({1, L, D}, dtype))
+                                        : emulated_cuda_op<float>(in, kDecay, torch::ones({1, L, D}, dtype));
+    auto want = naive(in, kDecay);
+    EXPECT_TRUE(torch::allclose(got[0].to(torch::kFloat64), want, 1e-4, 1e-5)) << max_err(got[0], want);
+    for (const auto& t : got) EXPECT_TRUE(torch::isfinite(t).all().item<bool>());
+  }
+  // Where the one-log bound underflows every term even with an exact exp: codeword 0 seen once
+  // with weight 1e-44 and logit 200, codeword 1 a hundred times with logit 0, so the bound sits
+  // 106 nats above codeword 0's term (fp32 stops at 103). Only the exact shift keeps the last
+  // slot's output (values[0]) from vanishing.
+  {
+    const int64_t L = 101, W = 2, D = 3;
+    Inputs in;
+    in.weights = torch::zeros({1, L, 1, W});
+    in.weights[0][0][0][0] = 1e-44f;
+    in.weights.narrow(1, 1, L - 1).select(3, 1).fill_(1.0f);
+    in.index = torch::zeros({1, L, 1}, torch::kLong);
+    in.index[0][L - 1][0] = 1;
+    in.pad = torch::zeros({1, L}, torch::kBool);
+    in.table = torch::zeros({1, W, W});
+    in.table[0][1][0] = 200.0f;
+    in.values = torch::randn({1, W, D});
+    auto got = emulated_cuda_op<float>(in, 1.0, torch::ones({1, L, D}));
+    auto want = lisa_attention(in.weights, in.index, in.pad, in.table, in.values, 1.0);
+    EXPECT_TRUE(torch::allclose(got[0][0][L - 1], in.values[0][0], 1e-5, 1e-6)) << got[0][0][L - 1];
+    EXPECT_TRUE(torch::allclose(got[0], want, 1e-5, 1e-6)) << max_err(got[0], want);
+  }
+}
+
+// The CUDA kernels (what lisa_attention runs on a CUDA device) against the CPU's fused kernel on
+// the same inputs: values and the three gradients, float and double, W from 1 to 512 and one
+// past it (600, left to the reference), padding, decay, soft and one-hot weights, and many rows
+// sharing the table's gradient (atomic adds); then causality on the device. GPU machines only.
+TEST(LisaAttention, CudaKernelMatchesCpuKernel) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: this check runs on a GPU machine";
+  torch::manual_seed(22);
+  struct Shape {
+    int64_t B, L, C, W, D;
+  };
+  for (auto dtype : {torch::kFloat64, torch::kFloat32})
+    for (Shape sh : std::vector<Shape>{{1, 1, 1, 1, 2},
+                                       {3, 37, 2, 5, 4},
+                                       {64, 200, 8, 128, 16},
+                                       {2, 45, 2, 33, 5},
+                                       {4, 300, 2, 100, 8},
+                                       {2, 25, 1, 256, 4},
+                                       {1, 12, 2, 512, 3},
+                                       {1, 10, 1, 600, 3}})
+      for (double decay : {1.0, kDecay})
+        for (bool onehot : {false, true}) {
+          std::vector<int64_t> lengths;
+          for (int64_t b = 0; b < sh.B; ++b) lengths.push_back(b % 3 == 0 ? sh.L : (b % 3 == 1 ? 0 : sh.L / 2));
+          auto pad = padding(lengths, sh.L, true);
+          auto in = make_inputs(sh.B, sh.L, sh.C, sh.W, sh.D, pad, onehot, dtype);
+          auto gout = torch::randn({sh.B, sh.L, sh.D}, dtype);
+          auto run_on = [&](const torch::Device& device) {
+            auto w = in.weights.to(device).requires_grad_(), t = in.table.to(device).requires_grad_(),
+                 v = in.values.to(device).requires_grad_();
+            auto out = lisa_attention(w, in.index.to(device), pad.to(device), t, v, decay);
+            auto grads = torch::autograd::grad({out}, {w, t, v}, {gout.to(device)});
+            return std::make_pair(out, grads);
+          };
+          auto [want, g_want] = run_on(torch::kCPU);
+          auto [got, g_got] = run_on(torch::kCUDA);
+          const std::string where = std::string(dtype == torch::kFloat64 ? "double" : "float") + " B " +
+                                    std::to_string(sh.B) + " L " + std::to_string(sh.L) + " W " +
+                                    std::to_string(sh.W) + " decay " + std::to_string(decay) + " onehot " +
+                                    std::to_string(onehot);
+          ASSERT_TRUE(got.is_cuda()) << where;
+          const bool kernel = got.grad_fn()->name().find("LisaAttentionCuda") != std::string::npos;
+          EXPECT_EQ(kernel, sh.W <= 512) << where << ": " << got.grad_fn()->name();
+          const double tol = dtype == torch::kFloat64 ? 1e-10 : 2e-5;
+          auto close = [&](const at::Tensor& a, const at::Tensor& b) {
+            return max_err(a.cpu(), b) <= tol * std::max(1.0, b.abs().max().item<double>());
+          };
+          EXPECT_TRUE(close(got, want)) << where << " out";
+          const char* names[] = {"weights", "table", "values"};
+          for (int k = 0; k < 3; ++k) EXPECT_TRUE(close(g_got[k], g_want[k])) << where << " " << names[k];
+        }
+
+  // Causality on the device: changing slots >= 30 leaves slots < 30 bit for bit.
+  auto pad = torch::zeros({4, 60}, torch::kBool);
+  auto in = make_inputs(4, 60, 3, 40, 6, pad, false);
+  auto before = lisa_attention(in.weights.cuda(), in.index.cuda(), pad.cuda(), in.table.cuda(), in.values.cuda(), kDecay);
+  auto w2 = in.weights.clone();
+  w2.narrow(1, 30, 30).uniform_();
+  auto after = lisa_attention(w2.cuda(), in.index.cuda(), pad.cuda(), in.table.cuda(), in.values.cuda(), kDecay);
+  EXPECT_TRUE(torch::equal(before.narrow(1, 0, 30), after.narrow(1, 0, 30)));
+  EXPECT_FALSE(torch::equal(before.narrow(1, 30, 30), after.narrow(1, 30, 30)));
 }
 
 // The models reach the fused kernel on the CPU (its autograd node), and the reference elsewhere

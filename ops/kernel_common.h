@@ -1,0 +1,120 @@
+#pragma once
+// What the CUDA kernels' bodies share between nvcc and the host compiler. A kernel's body is
+// written once, in a header of its op, as functions of these qualifiers; the .cu file runs it on
+// the device, and the default tests run the same functions on the CPU (each op's
+// CudaKernelLogicMatchesCpuKernel) so that a machine without a GPU checks the kernels' indexing,
+// reductions and edge cases. No Torch and no CUDA headers here.
+//
+// Warps: a body that reduces across a warp takes a Warp, DeviceWarp on the device (one lane per
+// thread, xor shuffles) or EmulatedWarp on the CPU (all 32 lanes' states, each lane function
+// run lane after lane, the same butterfly over the lanes' values), so that the emulation rounds
+// every warp sum exactly as the device does.
+#include <cmath>
+
+#if defined(__CUDACC__)
+#define SEQREC_KERNEL_FN __host__ __device__ __forceinline__
+#define SEQREC_KERNEL_UNROLL _Pragma("unroll")
+#else
+#define SEQREC_KERNEL_FN inline
+#define SEQREC_KERNEL_UNROLL
+#endif
+
+namespace seqrec::ops::cuda {
+
+constexpr int kWarpSize = 32;
+
+SEQREC_KERNEL_FN float kexp(float x) { return ::expf(x); }
+SEQREC_KERNEL_FN double kexp(double x) { return ::exp(x); }
+SEQREC_KERNEL_FN float klog(float x) { return ::logf(x); }
+SEQREC_KERNEL_FN double klog(double x) { return ::log(x); }
+template <typename T>
+SEQREC_KERNEL_FN T kmax(T a, T b) {
+  return a < b ? b : a;
+}
+template <typename T>
+SEQREC_KERNEL_FN T kinf() {
+  return static_cast<T>(HUGE_VAL);
+}
+
+// A warp on the CPU: the states of its 32 lanes. each(f) calls f(lane, state) for every lane in
+// turn; sum(f) and max(f) combine the lanes' f(lane, state) by the butterfly of xor offsets
+// 16, 8, 4, 2, 1 and return what every lane holds at the end; lead(f) is lane 0's f().
+template <typename S>
+struct EmulatedWarp {
+  S lanes[kWarpSize];
+
+  template <class F>
+  void each(F&& f) {
+    for (int l = 0; l < kWarpSize; ++l) f(l, lanes[l]);
+  }
+  template <class F>
+  void lead(F&& f) {
+    f();
+  }
+  template <class F>
+  auto sum(F&& f) {
+    return butterfly(f, [](auto a, auto b) { return a + b; });
+  }
+  template <class F>
+  auto max(F&& f) {
+    return butterfly(f, [](auto a, auto b) { return kmax(a, b); });
+  }
+
+ private:
+  template <class F, class Op>
+  auto butterfly(F& f, Op op) {
+    using T = decltype(f(0, lanes[0]));
+    T v[kWarpSize], next[kWarpSize];
+    for (int l = 0; l < kWarpSize; ++l) v[l] = f(l, lanes[l]);
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+      for (int l = 0; l < kWarpSize; ++l) next[l] = op(v[l], v[l ^ offset]);
+      for (int l = 0; l < kWarpSize; ++l) v[l] = next[l];
+    }
+    return v[0];
+  }
+};
+
+#if defined(__CUDACC__)
+// A warp on the device: this thread's lane and state; every lane of the warp must take part in
+// each sum and max (full-mask shuffles).
+template <typename S>
+struct DeviceWarp {
+  int lane;
+  S state;
+
+  template <class F>
+  __device__ __forceinline__ void each(F&& f) {
+    f(lane, state);
+  }
+  template <class F>
+  __device__ __forceinline__ void lead(F&& f) {
+    if (lane == 0) f();
+  }
+  template <class F>
+  __device__ __forceinline__ auto sum(F&& f) {
+    auto v = f(lane, state);
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = v + __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+  }
+  template <class F>
+  __device__ __forceinline__ auto max(F&& f) {
+    auto v = f(lane, state);
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = kmax(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+  }
+};
+#endif
+
+// x += v, atomically on the device (other warps add to the same element).
+template <typename T>
+SEQREC_KERNEL_FN void atomic_add(T* x, T v) {
+#if defined(__CUDA_ARCH__)
+  atomicAdd(x, v);
+#else
+  *x += v;
+#endif
+}
+
+}  // namespace seqrec::ops::cuda

@@ -1,0 +1,71 @@
+// LISA's histogram attention on a CUDA device (see lisa_attention_cuda.h): the kernels run the
+// row functions of lisa_attention_kernel.h, which describes the algorithm, one warp per
+// (sequence, codebook) row and kWarpsPerBlock rows per block.
+//
+// Time O(L · W) per row, registers O(W / 32) per lane, no shared memory; what the backward needs
+// is A and r, kept by the forward.
+#include "ops/lisa_attention/lisa_attention_cuda.h"
+
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace seqrec::ops::cuda {
+namespace {
+
+namespace lk = lisa_kernel;
+
+template <typename T, int kPer, bool kBackward>
+__global__ void __launch_bounds__(lk::kWarpsPerBlock* kWarpSize) lisa_kernel_rows(lk::Args<T> a) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * lk::kWarpsPerBlock + threadIdx.x / kWarpSize;
+  if (row >= a.B * a.C) return;  // the whole warp leaves together
+  DeviceWarp<lk::Lane<T, kPer>> warp;
+  warp.lane = static_cast<int>(threadIdx.x % kWarpSize);
+  if (kBackward)
+    lk::backward_row<T, kPer>(warp, a, row);
+  else
+    lk::forward_row<T, kPer>(warp, a, row);
+}
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string("LISA attention (CUDA): ") + what + ": " + cudaGetErrorString(err));
+}
+
+template <typename T, bool kBackward>
+void launch(const lk::Args<T>& a, void* stream_ptr) {
+  if (a.W <= 0 || a.W > kLisaMaxCodewords)
+    throw std::invalid_argument("LISA attention (CUDA): codewords per codebook must be in 1.." +
+                                std::to_string(kLisaMaxCodewords) + ", got " + std::to_string(a.W));
+  const int64_t rows = a.B * a.C;
+  if (rows == 0 || a.L == 0) return;
+  const int64_t blocks = (rows + lk::kWarpsPerBlock - 1) / lk::kWarpsPerBlock;
+  if (blocks > 0x7fffffff)
+    throw std::invalid_argument("LISA attention (CUDA): " + std::to_string(rows) +
+                                " (sequence, codebook) rows is beyond the kernel's grid");
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  lk::with_per_lane(a.W, [&](auto per) {
+    lisa_kernel_rows<T, decltype(per)::value, kBackward>
+        <<<static_cast<unsigned>(blocks), lk::kWarpsPerBlock * kWarpSize, 0, stream>>>(a);
+    check(cudaGetLastError(), kBackward ? "backward kernel launch" : "forward kernel launch");
+  });
+}
+
+}  // namespace
+
+template <typename T>
+void lisa_attention_forward_launch(const lk::Args<T>& a, void* stream) {
+  launch<T, false>(a, stream);
+}
+template <typename T>
+void lisa_attention_backward_launch(const lk::Args<T>& a, void* stream) {
+  launch<T, true>(a, stream);
+}
+
+template void lisa_attention_forward_launch<float>(const lk::Args<float>&, void*);
+template void lisa_attention_forward_launch<double>(const lk::Args<double>&, void*);
+template void lisa_attention_backward_launch<float>(const lk::Args<float>&, void*);
+template void lisa_attention_backward_launch<double>(const lk::Args<double>&, void*);
+
+}  // namespace seqrec::ops::cuda
