@@ -186,16 +186,19 @@ at::Tensor rows_loss_sum(models::SequenceModel& model, const at::Tensor& table, 
                          const std::string& kind, int64_t softmax_keep_bytes) {
   auto h = model.encode(input, users);  // [n, L, D]
   SEQREC_PROFILE_SCOPE("seqrec::loss");
-  auto mask = pos.ne(0);
-  auto hp = h.index({mask});     // [T, D]
+  // The target slots in row-major order, found once: each boolean-mask index would find them
+  // again, and on a GPU every search is a wait for the device.
+  auto at_targets = pos.ne(0).view({-1}).nonzero().view({-1});
+  auto targets = [&](const at::Tensor& t) { return t.reshape({-1}).index_select(0, at_targets); };
+  auto hp = h.reshape({-1, h.size(-1)}).index_select(0, at_targets);  // [T, D]
   if (kind == "bce") {
-    auto pos_logit = (hp * table.index_select(0, pos.index({mask}))).sum(-1);
-    auto neg_logit = (hp * table.index_select(0, neg.index({mask}))).sum(-1);
+    auto pos_logit = (hp * table.index_select(0, targets(pos))).sum(-1);
+    auto neg_logit = (hp * table.index_select(0, targets(neg))).sum(-1);
     // -log sigmoid(x) = softplus(-x); -log(1 - sigmoid(x)) = softplus(x)
     return torch::softplus(-pos_logit).sum() + torch::softplus(neg_logit).sum();
   }
   // Softmax over every item, a chunk of rows at a time (the padding item is never a class).
-  return ops::softmax_loss_sum(hp, table, pos.index({mask}), 2048, softmax_keep_bytes);
+  return ops::softmax_loss_sum(hp, table, targets(pos), 2048, softmax_keep_bytes);
 }
 
 // The batch's loss, computed in up to `groups` slices of rows sorted by length, each slice
