@@ -40,14 +40,15 @@ if ! cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_
   tail -40 "$OUT/build.log"; exit 1
 fi
 grep "seqrec: MPI=" "$OUT/build.log" | tee -a "$summary"
-if ! ninja -C build-gpu seqrec test_linear_attention test_lisa_attention attention_bench >> "$OUT/build.log" 2>&1; then
+if ! ninja -C build-gpu seqrec test_linear_attention test_lisa_attention test_routing_attention attention_bench \
+     >> "$OUT/build.log" 2>&1; then
   grep -B3 -A12 -m5 "error" "$OUT/build.log" | head -120; exit 1
 fi
 say "built seqrec"
 B=build-gpu/seqrec
 # The CUDA kernels against the CPU's before anything is timed or trained with them.
 : > "$OUT/ops-tests.log"
-for t in test_linear_attention test_lisa_attention; do
+for t in test_linear_attention test_lisa_attention test_routing_attention; do
   timeout "$(left)" build-gpu/tests/ops/$t > /tmp/$t.log 2>&1
   say "$t (CUDA kernel included): rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' /tmp/$t.log | tr '\n' ' ')"
   cat /tmp/$t.log >> "$OUT/ops-tests.log"
@@ -70,10 +71,11 @@ done
 done
 
 # 2a. The causal product (CUDA kernel, ATen reference), LinRec's and FLASH4Rec's cosine attention,
-# LISA's histogram attention (CUDA kernel, ATen reference), softmax attention and three whole
-# models, forward + backward, alone on the GPU.
+# LISA's histogram attention (CUDA kernel, ATen reference), routing attention, softmax attention
+# and four whole models, forward + backward, alone on the GPU.
 [ "${OP_BENCH:-1}" = 0 ] || for L in 200 1024 4096; do
-  for op in softmax linear linear:reference linrec gated:cosine lisa lisa:reference model:sasrec model:linrec model:lisa; do
+  for op in softmax linear linear:reference linrec gated:cosine lisa lisa:reference routing \
+            model:sasrec model:linrec model:lisa model:routing; do
     say "op $(timeout 60 build-gpu/bench/attention_bench --device cuda --op $op --len $L --tokens 25600 --dim 50 --iters 5 2>&1 | tail -1)"
   done
 done

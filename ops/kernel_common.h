@@ -38,7 +38,9 @@ SEQREC_KERNEL_FN T kinf() {
 
 // A warp on the CPU: the states of its 32 lanes. each(f) calls f(lane, state) for every lane in
 // turn; sum(f) and max(f) combine the lanes' f(lane, state) by the butterfly of xor offsets
-// 16, 8, 4, 2, 1 and return what every lane holds at the end; lead(f) is lane 0's f().
+// 16, 8, 4, 2, 1 and return what every lane holds at the end; lead(f) is lane 0's f(); sync()
+// orders the lanes' memory writes before the reads that follow (a body that passes values
+// between lanes through memory calls it between the two).
 template <typename S>
 struct EmulatedWarp {
   S lanes[kWarpSize];
@@ -51,6 +53,8 @@ struct EmulatedWarp {
   void lead(F&& f) {
     f();
   }
+  // The lanes run one call after another here, so what one lane wrote is already there.
+  void sync() {}
   template <class F>
   auto sum(F&& f) {
     return butterfly(f, [](auto a, auto b) { return a + b; });
@@ -90,6 +94,8 @@ struct DeviceWarp {
   __device__ __forceinline__ void lead(F&& f) {
     if (lane == 0) f();
   }
+  // What a lane wrote to memory before this is visible to every lane after it.
+  __device__ __forceinline__ void sync() { __syncwarp(); }
   template <class F>
   __device__ __forceinline__ auto sum(F&& f) {
     auto v = f(lane, state);

@@ -4,7 +4,8 @@
 // attention its local heads use. The ATen implementations run on any device and differentiate
 // through autograd (w.r.t. the routing vectors and values; routing decisions are discrete and
 // centroids are updated by EMA outside the op). routed_attention runs a fused kernel on CPU
-// float/double (routing_attention_fused.cpp) and routed_attention_reference elsewhere.
+// float/double (routing_attention_fused.cpp), a CUDA kernel on a CUDA device
+// (routing_attention.cu), and routed_attention_reference elsewhere or with --fused_kernels=false.
 //
 // Routing (shared queries and keys, as the paper does for causal models). Per sequence b and
 // routing head h (omitted below), r[i] is the routing vector of slot i (the caller's
@@ -47,7 +48,8 @@ RoutingPlan causal_balanced_routing(const at::Tensor& r, const at::Tensor& centr
 // (ops::dropout). Differentiable w.r.t. r and v. On CPU float/double a fused autograd Function
 // (memory O(L·W) per sequence and head instead of O(L·W·d); no double backward) that equals
 // routed_attention_reference to rounding and, under one generator state, drops the same
-// probabilities (one ops::random_seed draw, the same mask); elsewhere the reference.
+// probabilities (one ops::random_seed draw, the same mask); the same on a CUDA device (float,
+// double) through CUDA kernels; elsewhere the reference.
 at::Tensor routed_attention(const at::Tensor& r, const at::Tensor& v, const RoutingPlan& plan,
                             const at::Tensor& key_padding, double scale, double dropout, bool training);
 

@@ -14,7 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "ops/dropout/dropout.h"
 #include "ops/routing_attention/routing_attention.h"
+#include "ops/routing_attention/routing_attention_kernel.h"
 #include "ops/softmax_attention/softmax_attention.h"
 #include "tests/ops/op_test_util.h"
 
@@ -248,6 +250,135 @@ TEST(RoutingAttention, FusedMatchesReference) {
         }
       }
     }
+}
+
+// The CUDA kernels' row functions (routing_attention_kernel.h) on the CPU with an emulated warp:
+// out and the gradients of r and v for the output gradient g, given the dropout keep mask (or
+// none). out, probs and dl start as NaN, so a slot the kernels leave unwritten shows.
+template <typename T>
+std::vector<at::Tensor> emulated_routed(const at::Tensor& r_in, const at::Tensor& v_in, const RoutingPlan& plan,
+                                        const at::Tensor& pad_in, double scale, const at::Tensor& mask_in,
+                                        const at::Tensor& g_in) {
+  namespace rk = seqrec::ops::cuda::routing_kernel;
+  auto r = r_in.contiguous(), v = v_in.contiguous(), g = g_in.contiguous(), pad = pad_in.contiguous();
+  auto window = plan.window.contiguous(), valid = plan.valid.contiguous();
+  at::Tensor mask = mask_in.defined() ? mask_in.contiguous() : at::Tensor();
+  const int64_t B = r.size(0), H = r.size(1), L = r.size(2), W = window.size(3);
+  auto out = torch::full({B, H, L, v.size(3)}, std::nan(""), v.options());
+  auto probs = torch::full({B, H, L, W + 1}, std::nan(""), r.options());
+  auto dl = torch::full({B, H, L, W + 1}, std::nan(""), r.options());
+  auto gr = torch::zeros_like(r), gv = torch::zeros_like(v);
+  rk::Args<T> a{};
+  a.r = r.data_ptr<T>();
+  a.v = v.data_ptr<T>();
+  a.window = window.data_ptr<int64_t>();
+  a.valid = valid.data_ptr<bool>();
+  a.pad = pad.data_ptr<bool>();
+  a.mask = mask.defined() ? mask.data_ptr<T>() : nullptr;
+  a.out = out.data_ptr<T>();
+  a.probs = probs.data_ptr<T>();
+  a.grad = g.data_ptr<T>();
+  a.gr = gr.data_ptr<T>();
+  a.gv = gv.data_ptr<T>();
+  a.dl = dl.data_ptr<T>();
+  a.B = B;
+  a.H = H;
+  a.L = L;
+  a.W = W;
+  a.d = r.size(3);
+  a.dv = v.size(3);
+  a.scale = static_cast<T>(scale);
+  rk::emulate_forward(a);
+  EXPECT_FALSE(torch::isnan(out).any().item<bool>() || torch::isnan(probs).any().item<bool>())
+      << "a slot left unwritten";
+  rk::emulate_backward(a);
+  return {out, gr, gv};
+}
+
+// Against the CPU's fused kernel, in double and float, over the shape cases (padding either side,
+// all-padding rows, windows wider than the prefix, W = 1), features wider than a warp (d 40,
+// dv 70 and 33: lanes holding one and several features), and under dropout with the mask the
+// fused kernel draws. What this cannot show (the device's shuffles, atomics, launch errors) is
+// CudaKernelMatchesCpuKernel's, on a GPU.
+TEST(RoutingAttention, CudaKernelLogicMatchesCpuKernel) {
+  torch::manual_seed(31);
+  auto cases = shape_cases();
+  cases.push_back({2, 2, 40, 40, 3, 6, 5, {40, 23}, true});
+  for (const auto& c : cases)
+    for (auto dtype : {torch::kFloat64, torch::kFloat32})
+      for (double p : {0.0, 0.3}) {
+        const int64_t dv = c.D == 40 ? 70 : c.D + 1;
+        auto r = torch::randn({c.B, c.H, c.L, c.D}, dtype).requires_grad_();
+        auto v = torch::randn({c.B, c.H, c.L, dv}, dtype).requires_grad_();
+        auto g = torch::randn({c.B, c.H, c.L, dv}, dtype);
+        auto pad = padding_mask(c.lengths, c.L, c.left);
+        auto plan = causal_balanced_routing(r.detach(), torch::randn({c.H, c.K, c.D}, dtype), pad, c.W, c.S);
+        at::Tensor mask;
+        torch::manual_seed(7);
+        if (p > 0) {
+          mask = seqrec::ops::dropout_mask(torch::empty({c.B, c.H, c.L, c.W + 1}, dtype), p,
+                                           seqrec::ops::random_seed());
+          torch::manual_seed(7);  // the fused op draws the same seed
+        }
+        auto want = routed_attention(r, v, plan, pad, 0.6, p, p > 0);
+        auto g_want = torch::autograd::grad({want}, {r, v}, {g});
+        auto got = dtype == torch::kFloat64 ? emulated_routed<double>(r.detach(), v.detach(), plan, pad, 0.6, mask, g)
+                                            : emulated_routed<float>(r.detach(), v.detach(), plan, pad, 0.6, mask, g);
+        const std::string where = describe(c) + (dtype == torch::kFloat64 ? " double" : " float") +
+                                  " dropout " + std::to_string(p);
+        const double tol = dtype == torch::kFloat64 ? 1e-10 : 1e-5;
+        auto close = [&](const at::Tensor& a, const at::Tensor& b) {
+          return torch::isfinite(a).all().item<bool>() &&
+                 max_err(a, b) <= tol * std::max(1.0, b.abs().max().item<double>());
+        };
+        EXPECT_TRUE(close(got[0], want.detach())) << where << " out, max err " << max_err(got[0], want);
+        EXPECT_TRUE(close(got[1], g_want[0])) << where << " grad r, max err " << max_err(got[1], g_want[0]);
+        EXPECT_TRUE(close(got[2], g_want[1])) << where << " grad v, max err " << max_err(got[2], g_want[1]);
+      }
+}
+
+// The CUDA kernels (what routed_attention runs on a CUDA device) against the CPU's fused kernel
+// on the same inputs and plan: values and both gradients, float and double, the shape cases
+// and a wider one, and dropout under one generator state (the same mask on both devices). GPU
+// machines only.
+TEST(RoutingAttention, CudaKernelMatchesCpuKernel) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: this check runs on a GPU machine";
+  torch::manual_seed(32);
+  auto cases = shape_cases();
+  cases.push_back({16, 2, 200, 25, 14, 15, 15, {200, 120, 7, 0}, true});
+  for (const auto& c : cases)
+    for (auto dtype : {torch::kFloat64, torch::kFloat32})
+      for (double p : {0.0, 0.3}) {
+        auto r = torch::randn({c.B, c.H, c.L, c.D}, dtype);
+        auto v = torch::randn({c.B, c.H, c.L, c.D + 1}, dtype);
+        auto g = torch::randn({c.B, c.H, c.L, c.D + 1}, dtype);
+        std::vector<int64_t> lengths = c.lengths;
+        lengths.resize(c.B, c.L);
+        auto pad = padding_mask(lengths, c.L, c.left);
+        auto plan = causal_balanced_routing(r, torch::randn({c.H, c.K, c.D}, dtype), pad, c.W, c.S);
+        auto run_on = [&](const torch::Device& device) {
+          auto rd = r.to(device).requires_grad_(), vd = v.to(device).requires_grad_();
+          RoutingPlan pd{plan.cluster.to(device), plan.window.to(device), plan.valid.to(device)};
+          torch::manual_seed(7);
+          auto out = routed_attention(rd, vd, pd, pad.to(device), 0.6, p, p > 0);
+          auto grads = torch::autograd::grad({out}, {rd, vd}, {g.to(device)});
+          return std::make_pair(out, grads);
+        };
+        auto [want, g_want] = run_on(torch::kCPU);
+        auto [got, g_got] = run_on(torch::kCUDA);
+        const std::string where = describe(c) + (dtype == torch::kFloat64 ? " double" : " float") +
+                                  " dropout " + std::to_string(p);
+        ASSERT_TRUE(got.is_cuda()) << where;
+        EXPECT_NE(got.grad_fn()->name().find("RoutedAttentionCuda"), std::string::npos)
+            << where << ": " << got.grad_fn()->name();
+        const double tol = dtype == torch::kFloat64 ? 1e-10 : 2e-5;
+        auto close = [&](const at::Tensor& a, const at::Tensor& b) {
+          return max_err(a.cpu(), b) <= tol * std::max(1.0, b.abs().max().item<double>());
+        };
+        EXPECT_TRUE(close(got, want)) << where << " out";
+        EXPECT_TRUE(close(g_got[0], g_want[0])) << where << " grad r";
+        EXPECT_TRUE(close(g_got[1], g_want[1])) << where << " grad v";
+      }
 }
 
 // Under one generator state the fused kernel draws the reference's seed and mask: equal outputs
