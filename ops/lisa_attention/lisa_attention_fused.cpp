@@ -1,6 +1,6 @@
 // lisa_attention on the CPU: the decayed histogram scan, the per-codebook normalisation and the
 // attention weights in one pass per (sequence, codebook), with a hand-written backward; on a
-// CUDA device the same algorithm in lisa_attention.cu's kernels (LisaAttentionCuda below).
+// CUDA device the same algorithm in lisa_attention.cu's kernels, behind the same Function.
 //
 // The reference (lisa_attention_ref.cpp) builds about ten [B, L, C, W] tensors forward (the
 // histogram, the gathered logits, their logs, maxima, exponentials, weights...) and as many
@@ -189,92 +189,67 @@ void backward_row(T* __restrict g, const T* __restrict A, const T* __restrict r,
   }
 }
 
-struct LisaAttentionFused : public torch::autograd::Function<LisaAttentionFused> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& weights_in, const at::Tensor& table_in,
-                               const at::Tensor& values_in, const at::Tensor& index_in, const at::Tensor& pad_in,
-                               double decay) {
-    auto weights = weights_in.contiguous(), table = table_in.contiguous(), values = values_in.contiguous();
-    auto index = index_in.contiguous(), pad = pad_in.contiguous();
-    const int64_t B = weights.size(0), L = weights.size(1), C = weights.size(2), W = weights.size(3),
-                  D = values.size(2);
-    auto A = torch::empty({B, L, C, W}, weights.options());
-    auto r = torch::empty({B, L, C}, weights.options());
-    AT_DISPATCH_FLOATING_TYPES(weights.scalar_type(), "lisa_attention_fused", [&] {
-      const auto* w = weights.data_ptr<scalar_t>();
-      const auto* t = table.data_ptr<scalar_t>();
-      const auto* psi = index.data_ptr<int64_t>();
-      const auto* p = pad.data_ptr<bool>();
-      auto* a = A.data_ptr<scalar_t>();
-      auto* rr = r.data_ptr<scalar_t>();
-      at::parallel_for(0, B * C, 1, [&](int64_t begin, int64_t end) {
-        std::vector<scalar_t> F(W), e(W);
-        for (int64_t bc = begin; bc < end; ++bc) {
-          const int64_t b = bc / C, c = bc % C;
-          const int64_t off = b * L * C + c;  // slot (b, 0, c) in [B, L, C] units
-          forward_row<scalar_t>(w + off * W, psi + off, p + b * L, t + c * W * W, a + off * W, rr + off, L, C, W,
-                                static_cast<scalar_t>(decay), F, e);
-        }
-      });
+// The scan and normalisation on the CPU: A and r from the inputs, one (b, c) row per task.
+void cpu_forward(const at::Tensor& weights, const at::Tensor& index, const at::Tensor& pad, const at::Tensor& table,
+                 const at::Tensor& A, const at::Tensor& r, double decay) {
+  const int64_t B = A.size(0), L = A.size(1), C = A.size(2), W = A.size(3);
+  AT_DISPATCH_FLOATING_TYPES(weights.scalar_type(), "lisa_attention_fused", [&] {
+    const auto* w = weights.data_ptr<scalar_t>();
+    const auto* t = table.data_ptr<scalar_t>();
+    const auto* psi = index.data_ptr<int64_t>();
+    const auto* p = pad.data_ptr<bool>();
+    auto* a = A.data_ptr<scalar_t>();
+    auto* rr = r.data_ptr<scalar_t>();
+    at::parallel_for(0, B * C, 1, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> F(W), e(W);
+      for (int64_t bc = begin; bc < end; ++bc) {
+        const int64_t b = bc / C, c = bc % C;
+        const int64_t off = b * L * C + c;  // slot (b, 0, c) in [B, L, C] units
+        forward_row<scalar_t>(w + off * W, psi + off, p + b * L, t + c * W * W, a + off * W, rr + off, L, C, W,
+                              static_cast<scalar_t>(decay), F, e);
+      }
     });
-    auto out = A.view({B * L, C * W}).mm(values.view({C * W, D})).view({B, L, D});
-    ctx->save_for_backward({A, r, index, pad, table, values});
-    ctx->saved_data["decay"] = decay;
-    return {out};
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto saved = ctx->get_saved_variables();
-    const auto &A = saved[0], &r = saved[1], &index = saved[2], &pad = saved[3], &table = saved[4],
-               &values = saved[5];
-    const double decay = ctx->saved_data["decay"].toDouble();
-    const int64_t B = A.size(0), L = A.size(1), C = A.size(2), W = A.size(3), D = values.size(2);
-    auto gout = grads[0].contiguous().view({B * L, D});
-    auto gvalues = A.view({B * L, C * W}).t().mm(gout).view({C, W, D});
-    auto g = gout.mm(values.view({C * W, D}).t()).view({B, L, C, W});  // gA, then gweights in place
-    const int64_t tasks = B * C;
-    const int64_t slots = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), tasks));
-    auto partial = torch::zeros({slots, C, W, W}, A.options());
-    AT_DISPATCH_FLOATING_TYPES(A.scalar_type(), "lisa_attention_fused_backward", [&] {
-      auto* gp = g.data_ptr<scalar_t>();
-      const auto* a = A.data_ptr<scalar_t>();
-      const auto* rr = r.data_ptr<scalar_t>();
-      const auto* t = table.data_ptr<scalar_t>();
-      const auto* psi = index.data_ptr<int64_t>();
-      const auto* p = pad.data_ptr<bool>();
-      auto* gT = partial.data_ptr<scalar_t>();
-      // One contiguous range of (b, c) tasks per buffer: a buffer is never shared.
-      const int64_t per = (tasks + slots - 1) / slots;
-      at::parallel_for(0, slots, 1, [&](int64_t begin, int64_t end) {
-        std::vector<scalar_t> G(W);
-        for (int64_t s = begin; s < end; ++s)
-          for (int64_t bc = s * per; bc < std::min(tasks, (s + 1) * per); ++bc) {
-            const int64_t b = bc / C, c = bc % C;
-            const int64_t off = b * L * C + c;
-            backward_row<scalar_t>(gp + off * W, a + off * W, rr + off, psi + off, p + b * L, t + c * W * W,
-                                   gT + (s * C + c) * W * W, L, C, W, static_cast<scalar_t>(decay), G);
-          }
-      });
-    });
-    auto gtable = partial.sum(0);
-    return {g, gtable, gvalues, at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
-#if SEQREC_HAVE_CUDA
-// The same op on a CUDA device: lisa_attention.cu's kernels for the scan, the normalisation and
-// their backward (one warp per (sequence, codebook) row), the products by the values as GEMMs.
-bool cuda_kernel_takes(const at::Tensor& weights) {
-  return fused_kernels() && weights.is_cuda() &&
-         (weights.scalar_type() == at::kFloat || weights.scalar_type() == at::kDouble) &&
-         weights.size(3) <= cuda::kLisaMaxCodewords;
+  });
 }
 
+// Their backward on the CPU: g (gA) becomes the weights' gradient in place; returns the table's.
+at::Tensor cpu_backward(const at::Tensor& g, const at::Tensor& A, const at::Tensor& r, const at::Tensor& index,
+                        const at::Tensor& pad, const at::Tensor& table, double decay) {
+  const int64_t B = A.size(0), L = A.size(1), C = A.size(2), W = A.size(3);
+  const int64_t tasks = B * C;
+  const int64_t slots = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), tasks));
+  auto partial = torch::zeros({slots, C, W, W}, A.options());
+  AT_DISPATCH_FLOATING_TYPES(A.scalar_type(), "lisa_attention_fused_backward", [&] {
+    auto* gp = g.data_ptr<scalar_t>();
+    const auto* a = A.data_ptr<scalar_t>();
+    const auto* rr = r.data_ptr<scalar_t>();
+    const auto* t = table.data_ptr<scalar_t>();
+    const auto* psi = index.data_ptr<int64_t>();
+    const auto* p = pad.data_ptr<bool>();
+    auto* gT = partial.data_ptr<scalar_t>();
+    // One contiguous range of (b, c) tasks per buffer: a buffer is never shared.
+    const int64_t per = (tasks + slots - 1) / slots;
+    at::parallel_for(0, slots, 1, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> G(W);
+      for (int64_t s = begin; s < end; ++s)
+        for (int64_t bc = s * per; bc < std::min(tasks, (s + 1) * per); ++bc) {
+          const int64_t b = bc / C, c = bc % C;
+          const int64_t off = b * L * C + c;
+          backward_row<scalar_t>(gp + off * W, a + off * W, rr + off, psi + off, p + b * L, t + c * W * W,
+                                 gT + (s * C + c) * W * W, L, C, W, static_cast<scalar_t>(decay), G);
+        }
+    });
+  });
+  return partial.sum(0);
+}
+
+#if SEQREC_HAVE_CUDA
+// The same two on a CUDA device: lisa_attention.cu's kernels, one warp per (b, c) row, the
+// table's gradient by atomic adds into one buffer.
 template <typename T>
-cuda::lisa_kernel::Args<T> kernel_args(const at::Tensor& weights, const at::Tensor& index, const at::Tensor& pad,
-                                       const at::Tensor& table, const at::Tensor& A, const at::Tensor& r,
-                                       double decay) {
+cuda::lisa_kernel::Args<T> kernel_args(const at::Tensor& index, const at::Tensor& pad, const at::Tensor& table,
+                                       const at::Tensor& A, const at::Tensor& r, double decay) {
   cuda::lisa_kernel::Args<T> a{};
-  a.weights = weights.defined() ? weights.data_ptr<T>() : nullptr;
   a.psi = index.data_ptr<int64_t>();
   a.pad = pad.data_ptr<bool>();
   a.table = table.data_ptr<T>();
@@ -288,7 +263,35 @@ cuda::lisa_kernel::Args<T> kernel_args(const at::Tensor& weights, const at::Tens
   return a;
 }
 
-struct LisaAttentionCuda : public torch::autograd::Function<LisaAttentionCuda> {
+void* current_stream(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+
+void cuda_forward(const at::Tensor& weights, const at::Tensor& index, const at::Tensor& pad, const at::Tensor& table,
+                  const at::Tensor& A, const at::Tensor& r, double decay) {
+  const c10::cuda::CUDAGuard guard(A.device());
+  AT_DISPATCH_FLOATING_TYPES(A.scalar_type(), "lisa_attention_cuda", [&] {
+    auto a = kernel_args<scalar_t>(index, pad, table, A, r, decay);
+    a.weights = weights.data_ptr<scalar_t>();
+    cuda::lisa_attention_forward_launch<scalar_t>(a, current_stream(A));
+  });
+}
+
+at::Tensor cuda_backward(const at::Tensor& g, const at::Tensor& A, const at::Tensor& r, const at::Tensor& index,
+                         const at::Tensor& pad, const at::Tensor& table, double decay) {
+  auto gtable = torch::zeros(table.sizes(), A.options());
+  const c10::cuda::CUDAGuard guard(A.device());
+  AT_DISPATCH_FLOATING_TYPES(A.scalar_type(), "lisa_attention_cuda_backward", [&] {
+    auto a = kernel_args<scalar_t>(index, pad, table, A, r, decay);
+    a.g = g.data_ptr<scalar_t>();
+    a.gtable = gtable.data_ptr<scalar_t>();
+    cuda::lisa_attention_backward_launch<scalar_t>(a, current_stream(A));
+  });
+  return gtable;
+}
+#endif
+
+// One autograd Function for both devices: the scan's passes run on the inputs' device (the CPU
+// loops above, or the CUDA kernels), the products by the values are GEMMs.
+struct LisaAttentionFused : public torch::autograd::Function<LisaAttentionFused> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& weights_in, const at::Tensor& table_in,
                                const at::Tensor& values_in, const at::Tensor& index_in, const at::Tensor& pad_in,
                                double decay) {
@@ -298,12 +301,12 @@ struct LisaAttentionCuda : public torch::autograd::Function<LisaAttentionCuda> {
                   D = values.size(2);
     auto A = torch::empty({B, L, C, W}, weights.options());
     auto r = torch::empty({B, L, C}, weights.options());
-    const c10::cuda::CUDAGuard guard(weights.device());
-    void* stream = c10::cuda::getCurrentCUDAStream(weights.device().index()).stream();
-    AT_DISPATCH_FLOATING_TYPES(weights.scalar_type(), "lisa_attention_cuda", [&] {
-      cuda::lisa_attention_forward_launch<scalar_t>(kernel_args<scalar_t>(weights, index, pad, table, A, r, decay),
-                                                    stream);
-    });
+#if SEQREC_HAVE_CUDA
+    if (weights.is_cuda())
+      cuda_forward(weights, index, pad, table, A, r, decay);
+    else
+#endif
+      cpu_forward(weights, index, pad, table, A, r, decay);
     auto out = A.view({B * L, C * W}).mm(values.view({C * W, D})).view({B, L, D});
     ctx->save_for_backward({A, r, index, pad, table, values});
     ctx->saved_data["decay"] = decay;
@@ -319,34 +322,27 @@ struct LisaAttentionCuda : public torch::autograd::Function<LisaAttentionCuda> {
     auto gout = grads[0].contiguous().view({B * L, D});
     auto gvalues = A.view({B * L, C * W}).t().mm(gout).view({C, W, D});
     auto g = gout.mm(values.view({C * W, D}).t()).view({B, L, C, W});  // gA, then gweights in place
-    auto gtable = torch::zeros({C, W, W}, A.options());
-    const c10::cuda::CUDAGuard guard(A.device());
-    void* stream = c10::cuda::getCurrentCUDAStream(A.device().index()).stream();
-    AT_DISPATCH_FLOATING_TYPES(A.scalar_type(), "lisa_attention_cuda_backward", [&] {
-      auto a = kernel_args<scalar_t>(at::Tensor(), index, pad, table, A, r, decay);
-      a.g = g.data_ptr<scalar_t>();
-      a.gtable = gtable.data_ptr<scalar_t>();
-      cuda::lisa_attention_backward_launch<scalar_t>(a, stream);
-    });
+    at::Tensor gtable;
+#if SEQREC_HAVE_CUDA
+    if (A.is_cuda())
+      gtable = cuda_backward(g, A, r, index, pad, table, decay);
+    else
+#endif
+      gtable = cpu_backward(g, A, r, index, pad, table, decay);
     return {g, gtable, gvalues, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
-#endif
 
 }  // namespace
 
 at::Tensor lisa_attention(const at::Tensor& weights, const at::Tensor& query_index, const at::Tensor& key_padding,
                           const at::Tensor& table, const at::Tensor& values, double decay) {
   check_lisa_attention_args(weights, query_index, key_padding, table, values, decay);
+  const bool floating = weights.scalar_type() == at::kFloat || weights.scalar_type() == at::kDouble;
+  bool fused = fused_kernels() && floating && weights.device().is_cpu();
 #if SEQREC_HAVE_CUDA
-  if (cuda_kernel_takes(weights)) {
-    const int64_t B = weights.size(0), L = weights.size(1), D = values.size(2);
-    if (B == 0 || L == 0) return torch::zeros({B, L, D}, values.options());
-    return LisaAttentionCuda::apply(weights, table, values, query_index, key_padding, decay)[0];
-  }
+  fused = fused || (fused_kernels() && floating && weights.is_cuda() && weights.size(3) <= cuda::kLisaMaxCodewords);
 #endif
-  const bool fused = fused_kernels() && weights.device().is_cpu() &&
-                     (weights.scalar_type() == at::kFloat || weights.scalar_type() == at::kDouble);
   if (!fused) return lisa_attention_reference(weights, query_index, key_padding, table, values, decay);
   const int64_t B = weights.size(0), L = weights.size(1), D = values.size(2);
   if (B == 0 || L == 0) return torch::zeros({B, L, D}, values.options());

@@ -1,9 +1,8 @@
 #pragma once
 // The body of LISA's histogram-attention CUDA kernels (lisa_attention.cu), written once for nvcc
 // and the host compiler (ops/kernel_common.h): the device runs it with one warp per (sequence,
-// codebook) row, and emulate_forward / emulate_backward run the same functions on the CPU with
-// an emulated warp (LisaAttention.CudaKernelLogicMatchesCpuKernel). No Torch and no CUDA
-// headers here.
+// codebook) row, and emulate() runs the same functions on the CPU with an emulated warp
+// (LisaAttention.CudaKernelLogicMatchesCpuKernel). No Torch and no CUDA headers here.
 //
 // The algorithm is the fused CPU kernel's (lisa_attention_fused.cpp, which explains it): per
 // row, a running decayed histogram F[W] walks the slots in order, and each slot's attention
@@ -226,26 +225,19 @@ void with_per_lane(int64_t W, F&& f) {
   f(std::integral_constant<int, kMaxPer>{});
 }
 
-// The kernels on the CPU, row by row (rows of different warps touch different A, r and g
-// elements, and the table's gradient is a sum, so the rows' order only changes its rounding).
+// The forward (backward = false) or backward kernel on the CPU, row by row (rows of different
+// warps touch different A, r and g elements, and the table's gradient is a sum, so the rows'
+// order only changes its rounding).
 template <typename T>
-void emulate_forward(const Args<T>& a) {
+void emulate(const Args<T>& a, bool backward) {
   with_per_lane(a.W, [&](auto per) {
     constexpr int P = decltype(per)::value;
     for (int64_t row = 0; row < a.B * a.C; ++row) {
       EmulatedWarp<Lane<T, P>> warp;
-      forward_row<T, P>(warp, a, row);
-    }
-  });
-}
-
-template <typename T>
-void emulate_backward(const Args<T>& a) {
-  with_per_lane(a.W, [&](auto per) {
-    constexpr int P = decltype(per)::value;
-    for (int64_t row = 0; row < a.B * a.C; ++row) {
-      EmulatedWarp<Lane<T, P>> warp;
-      backward_row<T, P>(warp, a, row);
+      if (backward)
+        backward_row<T, P>(warp, a, row);
+      else
+        forward_row<T, P>(warp, a, row);
     }
   });
 }

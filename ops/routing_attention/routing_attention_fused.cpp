@@ -1,6 +1,6 @@
 // routed_attention on CPU float/double: the reference's gathers, broadcast products and
 // index_add backward replaced by one autograd Function with loops over raw rows; on a CUDA
-// device the same arithmetic in routing_attention.cu's kernels (RoutedAttentionCuda below).
+// device the same arithmetic in routing_attention.cu's kernels, behind the same Function.
 //
 // Per sequence b, head h and real query slot i, with keys j_0..j_{W-1} = window(i) (the
 // invalid ones skipped) and j_W = i (the query's own row, always valid):
@@ -166,45 +166,8 @@ Rows<T> rows_of(const at::Tensor& r, const at::Tensor& v, const at::Tensor& wind
           pad.data_ptr<bool>(), mask.defined() ? mask.data_ptr<T>() : nullptr, static_cast<T>(scale)};
 }
 
-struct RoutedAttention : public torch::autograd::Function<RoutedAttention> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& r_in, const at::Tensor& v_in,
-                               const at::Tensor& window_in, const at::Tensor& valid_in, const at::Tensor& pad_in,
-                               double scale, double dropout, bool use_mask) {
-    auto r = r_in.contiguous(), v = v_in.contiguous();
-    auto window = window_in.contiguous(), valid = valid_in.contiguous(), pad = pad_in.contiguous();
-    const int64_t B = r.size(0), H = r.size(1), L = r.size(2), W = window.size(3);
-    at::Tensor mask;
-    if (use_mask) mask = dropout_mask(at::empty({B, H, L, W + 1}, r.options()), dropout, random_seed());
-    auto out = at::empty({B, H, L, v.size(3)}, v.options());
-    auto probs = at::empty({B, H, L, W + 1}, r.options());
-    AT_DISPATCH_FLOATING_TYPES(r.scalar_type(), "routed_attention_forward", [&] {
-      forward_rows(rows_of<scalar_t>(r, v, window, valid, pad, mask, scale), B * H * L, out.data_ptr<scalar_t>(),
-                   probs.data_ptr<scalar_t>());
-    });
-    ctx->save_for_backward({r, v, window, valid, pad, probs, mask});
-    ctx->saved_data["scale"] = scale;
-    return {out};
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
-    // Grad mode is on here only under create_graph: the loops below build no graph.
-    TORCH_CHECK(!at::GradMode::is_enabled(), "routed_attention does not support double backward");
-    auto saved = ctx->get_saved_variables();
-    const auto &r = saved[0], &v = saved[1], &window = saved[2], &valid = saved[3], &pad = saved[4],
-               &probs = saved[5], &mask = saved[6];
-    const auto grad = grad_out[0].contiguous();
-    auto gr = at::zeros_like(r), gv = at::zeros_like(v);
-    AT_DISPATCH_FLOATING_TYPES(r.scalar_type(), "routed_attention_backward", [&] {
-      backward_rows(rows_of<scalar_t>(r, v, window, valid, pad, mask, ctx->saved_data["scale"].toDouble()),
-                    r.size(0) * r.size(1), probs.data_ptr<scalar_t>(), grad.data_ptr<scalar_t>(),
-                    gr.data_ptr<scalar_t>(), gv.data_ptr<scalar_t>());
-    });
-    return {gr, gv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
 #if SEQREC_HAVE_CUDA
-// The same Function on a CUDA device: routing_attention.cu's kernels, one warp per query.
+// The same two passes on a CUDA device: routing_attention.cu's kernels, one warp per query.
 template <typename T>
 cuda::routing_kernel::Args<T> kernel_args(const at::Tensor& r, const at::Tensor& v, const at::Tensor& window,
                                           const at::Tensor& valid, const at::Tensor& pad, const at::Tensor& mask,
@@ -227,7 +190,12 @@ cuda::routing_kernel::Args<T> kernel_args(const at::Tensor& r, const at::Tensor&
   return a;
 }
 
-struct RoutedAttentionCuda : public torch::autograd::Function<RoutedAttentionCuda> {
+void* current_stream(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+#endif
+
+// One autograd Function for both devices: the passes run on the inputs' device (the loops above
+// on the CPU, the CUDA kernels on a GPU); the dropout mask is drawn the same way for both.
+struct RoutedAttention : public torch::autograd::Function<RoutedAttention> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& r_in, const at::Tensor& v_in,
                                const at::Tensor& window_in, const at::Tensor& valid_in, const at::Tensor& pad_in,
                                double scale, double dropout, bool use_mask) {
@@ -238,12 +206,18 @@ struct RoutedAttentionCuda : public torch::autograd::Function<RoutedAttentionCud
     if (use_mask) mask = dropout_mask(at::empty({B, H, L, W + 1}, r.options()), dropout, random_seed());
     auto out = at::empty({B, H, L, v.size(3)}, v.options());
     auto probs = at::empty({B, H, L, W + 1}, r.options());
-    const c10::cuda::CUDAGuard guard(r.device());
-    void* stream = c10::cuda::getCurrentCUDAStream(r.device().index()).stream();
-    AT_DISPATCH_FLOATING_TYPES(r.scalar_type(), "routed_attention_cuda", [&] {
-      auto a = kernel_args<scalar_t>(r, v, window, valid, pad, mask, probs, scale);
-      a.out = out.data_ptr<scalar_t>();
-      cuda::routed_attention_forward_launch<scalar_t>(a, stream);
+    AT_DISPATCH_FLOATING_TYPES(r.scalar_type(), "routed_attention_forward", [&] {
+#if SEQREC_HAVE_CUDA
+      if (r.is_cuda()) {
+        const c10::cuda::CUDAGuard guard(r.device());
+        auto a = kernel_args<scalar_t>(r, v, window, valid, pad, mask, probs, scale);
+        a.out = out.data_ptr<scalar_t>();
+        cuda::routed_attention_forward_launch<scalar_t>(a, current_stream(r));
+        return;
+      }
+#endif
+      forward_rows(rows_of<scalar_t>(r, v, window, valid, pad, mask, scale), B * H * L, out.data_ptr<scalar_t>(),
+                   probs.data_ptr<scalar_t>());
     });
     ctx->save_for_backward({r, v, window, valid, pad, probs, mask});
     ctx->saved_data["scale"] = scale;
@@ -251,41 +225,47 @@ struct RoutedAttentionCuda : public torch::autograd::Function<RoutedAttentionCud
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    // Grad mode is on here only under create_graph: the passes below build no graph.
     TORCH_CHECK(!at::GradMode::is_enabled(), "routed_attention does not support double backward");
     auto saved = ctx->get_saved_variables();
     const auto &r = saved[0], &v = saved[1], &window = saved[2], &valid = saved[3], &pad = saved[4],
                &probs = saved[5], &mask = saved[6];
+    const double scale = ctx->saved_data["scale"].toDouble();
     const auto grad = grad_out[0].contiguous();
     auto gr = at::zeros_like(r), gv = at::zeros_like(v);
-    auto dl = at::empty_like(probs);
-    const c10::cuda::CUDAGuard guard(r.device());
-    void* stream = c10::cuda::getCurrentCUDAStream(r.device().index()).stream();
-    AT_DISPATCH_FLOATING_TYPES(r.scalar_type(), "routed_attention_cuda_backward", [&] {
-      auto a = kernel_args<scalar_t>(r, v, window, valid, pad, mask, probs, ctx->saved_data["scale"].toDouble());
-      a.grad = grad.data_ptr<scalar_t>();
-      a.gr = gr.data_ptr<scalar_t>();
-      a.gv = gv.data_ptr<scalar_t>();
-      a.dl = dl.data_ptr<scalar_t>();
-      cuda::routed_attention_backward_launch<scalar_t>(a, stream);
+    AT_DISPATCH_FLOATING_TYPES(r.scalar_type(), "routed_attention_backward", [&] {
+#if SEQREC_HAVE_CUDA
+      if (r.is_cuda()) {
+        const c10::cuda::CUDAGuard guard(r.device());
+        auto dl = at::empty_like(probs);
+        auto a = kernel_args<scalar_t>(r, v, window, valid, pad, mask, probs, scale);
+        a.grad = grad.data_ptr<scalar_t>();
+        a.gr = gr.data_ptr<scalar_t>();
+        a.gv = gv.data_ptr<scalar_t>();
+        a.dl = dl.data_ptr<scalar_t>();
+        cuda::routed_attention_backward_launch<scalar_t>(a, current_stream(r));
+        return;
+      }
+#endif
+      backward_rows(rows_of<scalar_t>(r, v, window, valid, pad, mask, scale), r.size(0) * r.size(1),
+                    probs.data_ptr<scalar_t>(), grad.data_ptr<scalar_t>(), gr.data_ptr<scalar_t>(),
+                    gv.data_ptr<scalar_t>());
     });
     return {gr, gv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
-#endif
+
 
 }  // namespace
 
 at::Tensor routed_attention(const at::Tensor& r, const at::Tensor& v, const RoutingPlan& plan,
                             const at::Tensor& key_padding, double scale, double dropout, bool training) {
   const bool floating = r.scalar_type() == at::kFloat || r.scalar_type() == at::kDouble;
+  bool kernel_device = r.device().is_cpu();
 #if SEQREC_HAVE_CUDA
-  if (fused_kernels() && r.is_cuda() && floating) {
-    detail::check_routed_attention_args(r, v, plan, key_padding, dropout);
-    return RoutedAttentionCuda::apply(r, v, plan.window, plan.valid, key_padding, scale, dropout,
-                                      training && dropout > 0)[0];
-  }
+  kernel_device = kernel_device || r.is_cuda();
 #endif
-  if (!fused_kernels() || !r.device().is_cpu() || !floating)
+  if (!fused_kernels() || !kernel_device || !floating)
     return routed_attention_reference(r, v, plan, key_padding, scale, dropout, training);
   detail::check_routed_attention_args(r, v, plan, key_padding, dropout);
   return RoutedAttention::apply(r, v, plan.window, plan.valid, key_padding, scale, dropout,

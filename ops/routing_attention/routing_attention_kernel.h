@@ -1,9 +1,8 @@
 #pragma once
 // The body of routed attention's CUDA kernels (routing_attention.cu), written once for nvcc and
 // the host compiler (ops/kernel_common.h): the device runs it with one warp per (sequence, head,
-// query slot) row, and emulate_forward / emulate_backward run the same functions on the CPU with
-// an emulated warp (RoutingAttention.CudaKernelLogicMatchesCpuKernel). No Torch and no CUDA
-// headers here.
+// query slot) row, and emulate() runs the same functions on the CPU with an emulated warp
+// (RoutingAttention.CudaKernelLogicMatchesCpuKernel). No Torch and no CUDA headers here.
 //
 // The arithmetic is the fused CPU kernel's (routing_attention_fused.cpp, which derives it): per
 // query i with keys j_0..j_{W-1} = window(i) (invalid ones skipped) and j_W = i,
@@ -149,21 +148,16 @@ SEQREC_KERNEL_FN void backward_row(Warp& warp, const Args<T>& a, int64_t row) {
   });
 }
 
-// The kernels on the CPU, row by row (the gradient rows' sums are the only thing the rows share,
-// so their order changes nothing but rounding).
+// The forward (backward = false) or backward kernel on the CPU, row by row (the gradient rows'
+// sums are the only thing the rows share, so their order changes nothing but rounding).
 template <typename T>
-void emulate_forward(const Args<T>& a) {
+void emulate(const Args<T>& a, bool backward) {
   for (int64_t row = 0; row < a.B * a.H * a.L; ++row) {
     EmulatedWarp<NoState> warp;
-    forward_row<T>(warp, a, row);
-  }
-}
-
-template <typename T>
-void emulate_backward(const Args<T>& a) {
-  for (int64_t row = 0; row < a.B * a.H * a.L; ++row) {
-    EmulatedWarp<NoState> warp;
-    backward_row<T>(warp, a, row);
+    if (backward)
+      backward_row<T>(warp, a, row);
+    else
+      forward_row<T>(warp, a, row);
   }
 }
 

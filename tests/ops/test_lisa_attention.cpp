@@ -407,7 +407,7 @@ std::vector<at::Tensor> emulated_cuda_op(const Inputs& in, double decay, const a
   auto r = torch::full({B, L, C}, std::nan(""), weights.options());
   lk::Args<T> a{weights.data_ptr<T>(), index.data_ptr<int64_t>(), pad.data_ptr<bool>(), table.data_ptr<T>(),
                 A.data_ptr<T>(), r.data_ptr<T>(), nullptr, nullptr, B, L, C, W, static_cast<T>(decay)};
-  lk::emulate_forward(a);
+  lk::emulate(a, /*backward=*/false);
   EXPECT_FALSE(torch::isnan(A).any().item<bool>() || torch::isnan(r).any().item<bool>()) << "a slot left unwritten";
   auto out = A.view({B * L, C * W}).mm(values.view({C * W, D})).view({B, L, D});
   auto g2 = gout.contiguous().view({B * L, D});
@@ -416,7 +416,7 @@ std::vector<at::Tensor> emulated_cuda_op(const Inputs& in, double decay, const a
   auto gtable = torch::zeros({C, W, W}, weights.options());
   a.g = g.data_ptr<T>();
   a.gtable = gtable.data_ptr<T>();
-  lk::emulate_backward(a);
+  lk::emulate(a, /*backward=*/true);
   return {out, g, gtable, gvalues};
 }
 
@@ -552,7 +552,7 @@ TEST(LisaAttention, CudaKernelMatchesCpuKernel) {
                                     std::to_string(sh.W) + " decay " + std::to_string(decay) + " onehot " +
                                     std::to_string(onehot);
           ASSERT_TRUE(got.is_cuda()) << where;
-          const bool kernel = got.grad_fn()->name().find("LisaAttentionCuda") != std::string::npos;
+          const bool kernel = got.grad_fn()->name().find("LisaAttentionFused") != std::string::npos;
           EXPECT_EQ(kernel, sh.W <= 512) << where << ": " << got.grad_fn()->name();
           const double tol = dtype == torch::kFloat64 ? 1e-10 : 2e-5;
           auto close = [&](const at::Tensor& a, const at::Tensor& b) {
