@@ -392,6 +392,30 @@ TEST(LisaAttention, FusedHandlesLogitsAndCountsFarApart) {
   EXPECT_TRUE(torch::isfinite(t.grad()).all().item<bool>());
 }
 
+// A shape for the CUDA kernels' checks, and the words a failure names it by.
+struct KernelCase {
+  int64_t B, L, C, W, D;
+};
+
+std::string describe(const KernelCase& k, torch::Dtype dtype, bool left, double decay, bool onehot) {
+  return std::string(dtype == torch::kFloat64 ? "double" : "float") + " B " + std::to_string(k.B) + " L " +
+         std::to_string(k.L) + " C " + std::to_string(k.C) + " W " + std::to_string(k.W) + " left " +
+         std::to_string(left) + " decay " + std::to_string(decay) + " onehot " + std::to_string(onehot);
+}
+
+// Rows of full, no and half length in turn.
+at::Tensor mixed_padding(const KernelCase& k, bool left) {
+  std::vector<int64_t> lengths;
+  for (int64_t b = 0; b < k.B; ++b) lengths.push_back(b % 3 == 0 ? k.L : (b % 3 == 1 ? 0 : k.L / 2));
+  return padding(lengths, k.L, left);
+}
+
+// Finite, and within tol of want relative to want's largest magnitude (at least 1).
+bool close_to(const at::Tensor& got, const at::Tensor& want, double tol) {
+  return torch::isfinite(got).all().item<bool>() &&
+         max_err(got.cpu(), want) <= tol * std::max(1.0, want.abs().max().item<double>());
+}
+
 // The CUDA kernels' row functions (lisa_attention_kernel.h) on the CPU with an emulated warp:
 // out, and the gradients of weights, table and values for the output gradient gout, composed as
 // the CUDA op composes them (the products by the values as GEMMs). A, r and g start as NaN, so a
@@ -427,48 +451,35 @@ std::vector<at::Tensor> emulated_cuda_op(const Inputs& in, double decay, const a
 // device's shuffles, atomics, launch errors) is CudaKernelMatchesCpuKernel's, on a GPU.
 TEST(LisaAttention, CudaKernelLogicMatchesCpuKernel) {
   torch::manual_seed(21);
-  struct Shape {
-    int64_t B, L, C, W, D;
-  };
   for (auto dtype : {torch::kFloat64, torch::kFloat32})
-    for (Shape sh : std::vector<Shape>{{1, 1, 1, 1, 2},
-                                       {3, 37, 2, 5, 4},
-                                       {3, 70, 3, 32, 7},
-                                       {2, 45, 2, 33, 5},
-                                       {2, 30, 2, 100, 3},
-                                       {2, 25, 1, 256, 4},
-                                       {1, 12, 2, 300, 3},
-                                       {1, 9, 1, 512, 2}})
+    for (KernelCase k : std::vector<KernelCase>{{1, 1, 1, 1, 2},
+                                                {3, 37, 2, 5, 4},
+                                                {3, 70, 3, 32, 7},
+                                                {2, 45, 2, 33, 5},
+                                                {2, 30, 2, 100, 3},
+                                                {2, 25, 1, 256, 4},
+                                                {1, 12, 2, 300, 3},
+                                                {1, 9, 1, 512, 2}})
       for (bool left : {true, false})
         for (double decay : {1.0, kDecay})
           for (bool onehot : {false, true}) {
-            if (sh.W >= 256 && (!left || onehot)) continue;  // the widest rows in fewer settings
-            std::vector<int64_t> lengths;
-            for (int64_t b = 0; b < sh.B; ++b) lengths.push_back(b == 0 ? sh.L : (b == 1 ? 0 : sh.L / 2));
-            auto pad = padding(lengths, sh.L, left);
-            auto in = make_inputs(sh.B, sh.L, sh.C, sh.W, sh.D, pad, onehot, dtype);
-            auto gout = torch::randn({sh.B, sh.L, sh.D}, dtype);
+            if (k.W >= 256 && (!left || onehot)) continue;  // the widest rows in fewer settings
+            auto pad = mixed_padding(k, left);
+            auto in = make_inputs(k.B, k.L, k.C, k.W, k.D, pad, onehot, dtype);
+            auto gout = torch::randn({k.B, k.L, k.D}, dtype);
             auto w = in.weights.clone().requires_grad_(), t = in.table.clone().requires_grad_(),
                  v = in.values.clone().requires_grad_();
             auto want = lisa_attention(w, in.index, pad, t, v, decay);  // the CPU's fused kernel
             auto g_want = torch::autograd::grad({want}, {w, t, v}, {gout});
             auto got = dtype == torch::kFloat64 ? emulated_cuda_op<double>(in, decay, gout)
                                                 : emulated_cuda_op<float>(in, decay, gout);
-            const std::string where = std::string(dtype == torch::kFloat64 ? "double" : "float") + " B " +
-                                      std::to_string(sh.B) + " L " + std::to_string(sh.L) + " C " +
-                                      std::to_string(sh.C) + " W " + std::to_string(sh.W) + " left " +
-                                      std::to_string(left) + " decay " + std::to_string(decay) + " onehot " +
-                                      std::to_string(onehot);
+            const std::string where = describe(k, dtype, left, decay, onehot);
             const double tol = dtype == torch::kFloat64 ? 1e-10 : 1e-5;
-            auto close = [&](const at::Tensor& a, const at::Tensor& b) {
-              return torch::isfinite(a).all().item<bool>() &&
-                     max_err(a, b) <= tol * std::max(1.0, b.abs().max().item<double>());
-            };
-            EXPECT_TRUE(close(got[0], want.detach())) << where << " out, max err " << max_err(got[0], want);
+            EXPECT_TRUE(close_to(got[0], want.detach(), tol)) << where << " out, max err " << max_err(got[0], want);
             const char* names[] = {"weights", "table", "values"};
-            for (int k = 0; k < 3; ++k)
-              EXPECT_TRUE(close(got[k + 1], g_want[k]))
-                  << where << " " << names[k] << " gradient, max err " << max_err(got[k + 1], g_want[k]);
+            for (int n = 0; n < 3; ++n)
+              EXPECT_TRUE(close_to(got[n + 1], g_want[n], tol))
+                  << where << " " << names[n] << " gradient, max err " << max_err(got[n + 1], g_want[n]);
           }
 
   // Logits and counts far apart (as FusedHandlesLogitsAndCountsFarApart): the exact shift.
@@ -519,25 +530,20 @@ TEST(LisaAttention, CudaKernelLogicMatchesCpuKernel) {
 TEST(LisaAttention, CudaKernelMatchesCpuKernel) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: this check runs on a GPU machine";
   torch::manual_seed(22);
-  struct Shape {
-    int64_t B, L, C, W, D;
-  };
   for (auto dtype : {torch::kFloat64, torch::kFloat32})
-    for (Shape sh : std::vector<Shape>{{1, 1, 1, 1, 2},
-                                       {3, 37, 2, 5, 4},
-                                       {64, 200, 8, 128, 16},
-                                       {2, 45, 2, 33, 5},
-                                       {4, 300, 2, 100, 8},
-                                       {2, 25, 1, 256, 4},
-                                       {1, 12, 2, 512, 3},
-                                       {1, 10, 1, 600, 3}})
+    for (KernelCase k : std::vector<KernelCase>{{1, 1, 1, 1, 2},
+                                                {3, 37, 2, 5, 4},
+                                                {64, 200, 8, 128, 16},
+                                                {2, 45, 2, 33, 5},
+                                                {4, 300, 2, 100, 8},
+                                                {2, 25, 1, 256, 4},
+                                                {1, 12, 2, 512, 3},
+                                                {1, 10, 1, 600, 3}})
       for (double decay : {1.0, kDecay})
         for (bool onehot : {false, true}) {
-          std::vector<int64_t> lengths;
-          for (int64_t b = 0; b < sh.B; ++b) lengths.push_back(b % 3 == 0 ? sh.L : (b % 3 == 1 ? 0 : sh.L / 2));
-          auto pad = padding(lengths, sh.L, true);
-          auto in = make_inputs(sh.B, sh.L, sh.C, sh.W, sh.D, pad, onehot, dtype);
-          auto gout = torch::randn({sh.B, sh.L, sh.D}, dtype);
+          auto pad = mixed_padding(k, true);
+          auto in = make_inputs(k.B, k.L, k.C, k.W, k.D, pad, onehot, dtype);
+          auto gout = torch::randn({k.B, k.L, k.D}, dtype);
           auto run_on = [&](const torch::Device& device) {
             auto w = in.weights.to(device).requires_grad_(), t = in.table.to(device).requires_grad_(),
                  v = in.values.to(device).requires_grad_();
@@ -547,20 +553,14 @@ TEST(LisaAttention, CudaKernelMatchesCpuKernel) {
           };
           auto [want, g_want] = run_on(torch::kCPU);
           auto [got, g_got] = run_on(torch::kCUDA);
-          const std::string where = std::string(dtype == torch::kFloat64 ? "double" : "float") + " B " +
-                                    std::to_string(sh.B) + " L " + std::to_string(sh.L) + " W " +
-                                    std::to_string(sh.W) + " decay " + std::to_string(decay) + " onehot " +
-                                    std::to_string(onehot);
+          const std::string where = describe(k, dtype, true, decay, onehot);
           ASSERT_TRUE(got.is_cuda()) << where;
           const bool kernel = got.grad_fn()->name().find("LisaAttentionFused") != std::string::npos;
-          EXPECT_EQ(kernel, sh.W <= 512) << where << ": " << got.grad_fn()->name();
+          EXPECT_EQ(kernel, k.W <= 512) << where << ": " << got.grad_fn()->name();
           const double tol = dtype == torch::kFloat64 ? 1e-10 : 2e-5;
-          auto close = [&](const at::Tensor& a, const at::Tensor& b) {
-            return max_err(a.cpu(), b) <= tol * std::max(1.0, b.abs().max().item<double>());
-          };
-          EXPECT_TRUE(close(got, want)) << where << " out";
+          EXPECT_TRUE(close_to(got, want, tol)) << where << " out";
           const char* names[] = {"weights", "table", "values"};
-          for (int k = 0; k < 3; ++k) EXPECT_TRUE(close(g_got[k], g_want[k])) << where << " " << names[k];
+          for (int n = 0; n < 3; ++n) EXPECT_TRUE(close_to(g_got[n], g_want[n], tol)) << where << " " << names[n];
         }
 
   // Causality on the device: changing slots >= 30 leaves slots < 30 bit for bit.
