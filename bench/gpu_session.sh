@@ -5,10 +5,11 @@
 #      dependencies in .device/, which must travel with the tree; CMake also needs LZMA:
 #      (cd .device/debs && apt-get download liblzma-dev liblzma5)), and test the CUDA kernels
 #      against the CPU's before anything runs on them;
-#   2. time training epochs of SASRec and LinRec on the GPU, alone on it (LinRec's paper
-#      setting and the common setting, ML-1M, max_len 200), with the peak GPU memory; time the
-#      attention ops forward + backward at L = 200, 1,024, 4,096 (OP_BENCH=0 skips); profile 10
-#      steps of each model in the common setting (PROFILE=0 skips);
+#   2. time training epochs on the GPU, alone on it, with the peak GPU memory: SASRec and LinRec
+#      (LinRec's paper setting and the common setting, ML-1M, max_len 200), LISA-Base and
+#      Routing in their configs, each kernel also against its reference (--fused_kernels=false);
+#      time the attention ops forward + backward at L = 200, 1,024, 4,096 (OP_BENCH=0 skips);
+#      profile 10 steps of SASRec and LinRec in the common setting (PROFILE=0 skips);
 #   3. start the training runs listed in GPU_RUNS (one "NAME FLAGS..." per line, # comments;
 #      bench/gpu_runs_flash4rec_size.txt is one such list), side by side
 #      on the GPU, each cut off at the budget's end;
@@ -54,21 +55,28 @@ for t in test_linear_attention test_lisa_attention test_routing_attention; do
   cat /tmp/$t.log >> "$OUT/ops-tests.log"
 done
 
-# 2. Epoch times, alone on the GPU (validation excluded from the per-epoch figure).
-# linrec-ref is LinRec through the ATen references (--fused_kernels=false), as before the kernel.
-[ "${TIMING:-1}" = 0 ] || for setting in paper common; do
-  for m in sasrec linrec linrec-ref; do
-    model=${m%-ref}
-    if [ $setting = paper ]; then flags="--flagfile configs/ml-1m/linrec.flags --model $model"
-    else flags="--flagfile configs/ml-1m/common/$model.flags"; fi
-    [ $m = linrec-ref ] && flags="$flags --fused_kernels=false"
-    run=/tmp/time-$setting-$m
-    rm -rf $run
-    $B train $flags --data "$DATA" --out $run --epochs 3 --eval_every 3 --final_test=false --device cuda \
-      --threads 4 --eval_batch 256 --log_every 1000 > $run.log 2>&1 || { tail -20 $run.log; }
-    say "time $setting $m: $(grep -h '^\[done\] steps' $run/train.log 2>/dev/null || tail -3 $run.log)"
+# 2. Epoch times, alone on the GPU (validation excluded from the per-epoch figure): SASRec and
+# LinRec in LinRec's paper setting and in the common one, LISA-Base and Routing in their own.
+# NAME-ref is NAME through the ATen references (--fused_kernels=false), as before the kernels.
+time_epochs() {  # name, flags...
+  local name=$1; shift
+  local run=/tmp/time-$name
+  rm -rf $run
+  $B train "$@" --data "$DATA" --out $run --epochs 3 --eval_every 3 --final_test=false --device cuda \
+    --threads 4 --eval_batch 256 --log_every 1000 > $run.log 2>&1 || { tail -20 $run.log; }
+  say "time $name: $(grep -h '^\[done\] steps' $run/train.log 2>/dev/null || tail -3 $run.log)"
+}
+if [ "${TIMING:-1}" != 0 ]; then
+  for m in sasrec linrec; do time_epochs "paper-$m" --flagfile configs/ml-1m/linrec.flags --model $m; done
+  time_epochs paper-linrec-ref --flagfile configs/ml-1m/linrec.flags --fused_kernels=false
+  for m in sasrec linrec; do time_epochs "common-$m" --flagfile configs/ml-1m/common/$m.flags; done
+  time_epochs common-linrec-ref --flagfile configs/ml-1m/common/linrec.flags --fused_kernels=false
+  # LISA-Base's and Routing's kernels against their references, in each model's own config.
+  for m in lisa-base routing; do
+    time_epochs "$m" --flagfile configs/ml-1m/$m.flags
+    time_epochs "$m-ref" --flagfile configs/ml-1m/$m.flags --fused_kernels=false
   done
-done
+fi
 
 # 2a. The causal product (CUDA kernel, ATen reference), LinRec's and FLASH4Rec's cosine attention,
 # LISA's histogram attention (CUDA kernel, ATen reference), routing attention, softmax attention
