@@ -2,13 +2,15 @@
 // bench/attention_scaling.sh (one process per point, so each peak is the op's own).
 //   attention_bench --op OP --len L [--tokens 16384] [--dim 64] [--heads 1] [--interests 20]
 //                   [--codebooks 8] [--codewords 16] [--iters 3] [--device cpu|cuda|cuda:N]
-// OP: softmax | linrec | linear | linear:reference | lightsans | lisa | lisa:reference | routing | gated:softmax
+// OP: softmax | linrec | linear | linear:reference | lightsans | lisa | lisa:reference | routing
+//     | routing:reference | gated:softmax
 //     | gated:cosine | model:<name> | loss:softmax | loss:softmax:recompute
 // linear is the causal linear-attention product alone (the fused kernel of the device: CPU or
 // CUDA), linear:reference its chunked ATen reference.
 // (model:flash4rec:cosine for FLASH4Rec's linear form). routing is the causal routing op at the
 // paper's optimum (K = W = S = round(sqrt(L)) centroids, window, chunk) with its local heads'
-// window 2S; gated:* is FLASH4Rec's attention (one head, s = e = dim). model:<name> times a whole
+// window 2S (routing:reference: its routed heads through the ATen reference, not the device's
+// kernel); gated:* is FLASH4Rec's attention (one head, s = e = dim). model:<name> times a whole
 // model (2 blocks, ML-1M's 3,416 items, every slot real): encode, a softmax over the items at the
 // last slot, backward. loss:softmax is the full-catalogue softmax loss (ops/softmax_loss) over
 // --tokens hidden states of --dim against --items items (default 3,416), keeping the forward's
@@ -49,7 +51,7 @@ double status_mb(const char* key) {
 }
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|linear|linear:reference|lightsans|lisa|lisa:reference|routing|"
+  std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|linear|linear:reference|lightsans|lisa|lisa:reference|routing|routing:reference|"
                "gated:softmax|gated:cosine|model:<name>[:cosine]|loss:softmax[:recompute] --len L "
                "[--tokens N] [--dim D] [--items N] [--heads H] [--interests K] [--codebooks C] [--codewords W] [--iters I] "
                "[--device cpu|cuda|cuda:N]\n",
@@ -131,7 +133,7 @@ int main(int argc, char** argv) {
     auto values = leaf(torch::randn({codebooks, codewords, dim}, opt));
     const auto fn = op == "lisa" ? &seqrec::ops::lisa_attention : &seqrec::ops::lisa_attention_reference;
     run = [=] { return fn(torch::softmax(logits, -1), index, pad, table, values, std::exp(-0.1)); };
-  } else if (op == "routing") {
+  } else if (op == "routing" || op == "routing:reference") {
     // One routing head and one local head, as configs/ml-1m/routing.flags pairs them.
     const int64_t K = std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(len))));
     const int64_t W = (len + K - 1) / K;
@@ -142,7 +144,8 @@ int main(int argc, char** argv) {
     run = [=] {
       auto unit = at::layer_norm(r, {dh}, {}, {}, 1e-6);
       auto plan = seqrec::ops::causal_balanced_routing(unit.detach(), mu, pad, W, W);
-      auto routed = seqrec::ops::routed_attention(unit, v, plan, pad, 1.0 / std::sqrt(static_cast<double>(dh)), 0.0, true);
+      const auto attend = op == "routing" ? &seqrec::ops::routed_attention : &seqrec::ops::routed_attention_reference;
+      auto routed = attend(unit, v, plan, pad, 1.0 / std::sqrt(static_cast<double>(dh)), 0.0, true);
       return torch::cat({routed, seqrec::ops::local_attention(q, k, v, pad, 2 * W, 0.0, true)}, 1);
     };
   } else if (op == "gated:softmax" || op == "gated:cosine") {

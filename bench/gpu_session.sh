@@ -82,7 +82,7 @@ fi
 # LISA's histogram attention (CUDA kernel, ATen reference), routing attention, softmax attention
 # and four whole models, forward + backward, alone on the GPU.
 [ "${OP_BENCH:-1}" = 0 ] || for L in 200 1024 4096; do
-  for op in softmax linear linear:reference linrec gated:cosine lisa lisa:reference routing \
+  for op in softmax linear linear:reference linrec gated:cosine lisa lisa:reference routing routing:reference \
             model:sasrec model:linrec model:lisa model:routing; do
     say "op $(timeout 60 build-gpu/bench/attention_bench --device cuda --op $op --len $L --tokens 25600 --dim 50 --iters 5 2>&1 | tail -1)"
   done
