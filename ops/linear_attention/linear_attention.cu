@@ -9,6 +9,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <stdexcept>
 #include <string>
 
@@ -111,9 +112,16 @@ void causal_linear_attention_launch(const T* q, const T* k, const T* v, T* out, 
 }
 
 int64_t causal_linear_attention_segment_len(int64_t n, int64_t L, int64_t dv) {
+  // Each device's multiprocessor count, asked once (0: not yet asked).
+  constexpr int kDevices = 64;
+  static std::atomic<int> known[kDevices] = {};
   int device = 0, sms = 0;
   check(cudaGetDevice(&device), "querying the current device");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "querying the multiprocessor count");
+  if (device >= 0 && device < kDevices) sms = known[device].load(std::memory_order_relaxed);
+  if (sms == 0) {
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "querying the multiprocessor count");
+    if (device >= 0 && device < kDevices) known[device].store(sms, std::memory_order_relaxed);
+  }
   return lk::plan_segment_len(n, L, dv, sms);
 }
 
