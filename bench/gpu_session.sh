@@ -71,6 +71,9 @@ if [ "${TIMING:-1}" != 0 ]; then
   time_epochs paper-linrec-ref --flagfile configs/ml-1m/linrec.flags --fused_kernels=false
   for m in sasrec linrec; do time_epochs "common-$m" --flagfile configs/ml-1m/common/$m.flags; done
   time_epochs common-linrec-ref --flagfile configs/ml-1m/common/linrec.flags --fused_kernels=false
+  # The batch whole rather than in 8 length slices: on the CPU slicing saves padding work, on a
+  # host-bound GPU step it multiplies the launches.
+  for m in sasrec linrec; do time_epochs "common-$m-whole" --flagfile configs/ml-1m/common/$m.flags --length_groups 1; done
   # LISA-Base's and Routing's kernels against their references, in each model's own config.
   for m in lisa-base routing; do
     time_epochs "$m" --flagfile configs/ml-1m/$m.flags
