@@ -474,6 +474,9 @@ TEST(LisaAttention, CudaKernelLogicMatchesCpuKernel) {
             auto got = dtype == torch::kFloat64 ? emulated_cuda_op<double>(in, decay, gout)
                                                 : emulated_cuda_op<float>(in, decay, gout);
             const std::string where = describe(k, dtype, left, decay, onehot);
+            // Float: the kernel sums over codewords by lanes and butterfly, in exact exp, where the
+            // CPU kernel sums in order with a polynomial exp (relative error below 2e-7): both are
+            // within about 1e-6 of the largest magnitude, and 1e-5 leaves room over 300 slots.
             const double tol = dtype == torch::kFloat64 ? 1e-10 : 1e-5;
             EXPECT_TRUE(close_to(got[0], want.detach(), tol)) << where << " out, max err " << max_err(got[0], want);
             const char* names[] = {"weights", "table", "values"};
@@ -557,6 +560,8 @@ TEST(LisaAttention, CudaKernelMatchesCpuKernel) {
           ASSERT_TRUE(got.is_cuda()) << where;
           const bool kernel = got.grad_fn()->name().find("LisaAttentionFused") != std::string::npos;
           EXPECT_EQ(kernel, k.W <= 512) << where << ": " << got.grad_fn()->name();
+          // As in the emulation, plus the device's atomic adds into the table's gradient, whose
+          // order varies from run to run.
           const double tol = dtype == torch::kFloat64 ? 1e-10 : 2e-5;
           EXPECT_TRUE(close_to(got, want, tol)) << where << " out";
           const char* names[] = {"weights", "table", "values"};
