@@ -7,12 +7,11 @@
 // runs the same kernel three times (linear_attention_cuda.h).
 #include "ops/linear_attention/linear_attention_cuda.h"
 
-#include <cuda_runtime.h>
-
 #include <atomic>
 #include <stdexcept>
 #include <string>
 
+#include "ops/cuda_check.h"
 #include "ops/linear_attention/linear_attention_kernel.h"
 
 namespace seqrec::ops::cuda {
@@ -50,10 +49,7 @@ __global__ void __launch_bounds__(lk::kThreads) causal_linear_kernel(lk::Args<T>
   if (kSumsOnly) lk::store_sums<T, kRows>(a, seq, tile, g, tid, state);
 }
 
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess)
-    throw std::runtime_error(std::string("causal linear attention (CUDA): ") + what + ": " + cudaGetErrorString(err));
-}
+constexpr const char* kOp = "causal linear attention";
 
 }  // namespace
 
@@ -97,17 +93,17 @@ void causal_linear_attention_launch(const T* q, const T* k, const T* v, T* out, 
     const auto sums_kernel = causal_linear_kernel<T, R, true>;
     const auto out_kernel = causal_linear_kernel<T, R, false>;
     if (smem > 48 * 1024) {
-      check(cudaFuncSetAttribute(sums_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-            "raising the shared-memory limit");
-      check(cudaFuncSetAttribute(out_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-            "raising the shared-memory limit");
+      SEQREC_CUDA_CHECK(kOp, cudaFuncSetAttribute(sums_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  static_cast<int>(smem)));
+      SEQREC_CUDA_CHECK(kOp, cudaFuncSetAttribute(out_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  static_cast<int>(smem)));
     }
     if (segs > 1) {
       sums_kernel<<<grid(segs - 1), lk::kThreads, smem, stream>>>(a);
-      check(cudaGetLastError(), "kernel launch (segment sums)");
+      SEQREC_CUDA_CHECK(kOp, cudaGetLastError());  // the segment sums' launch
     }
     out_kernel<<<grid(segs), lk::kThreads, smem, stream>>>(a);
-    check(cudaGetLastError(), "kernel launch");
+    SEQREC_CUDA_CHECK(kOp, cudaGetLastError());
   });
 }
 
@@ -116,10 +112,10 @@ int64_t causal_linear_attention_segment_len(int64_t n, int64_t L, int64_t dv) {
   constexpr int kDevices = 64;
   static std::atomic<int> known[kDevices] = {};
   int device = 0, sms = 0;
-  check(cudaGetDevice(&device), "querying the current device");
+  SEQREC_CUDA_CHECK(kOp, cudaGetDevice(&device));
   if (device >= 0 && device < kDevices) sms = known[device].load(std::memory_order_relaxed);
   if (sms == 0) {
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "querying the multiprocessor count");
+    SEQREC_CUDA_CHECK(kOp, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     if (device >= 0 && device < kDevices) known[device].store(sms, std::memory_order_relaxed);
   }
   return lk::plan_segment_len(n, L, dv, sms);

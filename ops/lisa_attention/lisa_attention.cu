@@ -6,10 +6,10 @@
 // is A and r, kept by the forward.
 #include "ops/lisa_attention/lisa_attention_cuda.h"
 
-#include <cuda_runtime.h>
-
 #include <stdexcept>
 #include <string>
+
+#include "ops/cuda_check.h"
 
 namespace seqrec::ops::cuda {
 namespace {
@@ -28,10 +28,6 @@ __global__ void __launch_bounds__(lk::kWarpsPerBlock* kWarpSize) lisa_kernel_row
     lk::forward_row<T, kPer>(warp, a, row);
 }
 
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess)
-    throw std::runtime_error(std::string("LISA attention (CUDA): ") + what + ": " + cudaGetErrorString(err));
-}
 
 template <typename T, bool kBackward>
 void launch(const lk::Args<T>& a, void* stream_ptr) {
@@ -48,7 +44,7 @@ void launch(const lk::Args<T>& a, void* stream_ptr) {
   lk::with_per_lane(a.W, [&](auto per) {
     lisa_kernel_rows<T, decltype(per)::value, kBackward>
         <<<static_cast<unsigned>(blocks), lk::kWarpsPerBlock * kWarpSize, 0, stream>>>(a);
-    check(cudaGetLastError(), kBackward ? "backward kernel launch" : "forward kernel launch");
+    SEQREC_CUDA_CHECK("LISA attention", cudaGetLastError());
   });
 }
 

@@ -6,10 +6,10 @@
 // backward, the dl scratch), none of the reference's [B, H, L, W, d] gathers.
 #include "ops/routing_attention/routing_attention_cuda.h"
 
-#include <cuda_runtime.h>
-
 #include <stdexcept>
 #include <string>
+
+#include "ops/cuda_check.h"
 
 namespace seqrec::ops::cuda {
 namespace {
@@ -38,11 +38,7 @@ void launch(const rk::Args<T>& a, void* stream_ptr) {
                                 " query rows is beyond the kernel's grid");
   routed_attention_rows<T, kBackward><<<static_cast<unsigned>(blocks), rk::kWarpsPerBlock * kWarpSize, 0,
                                         static_cast<cudaStream_t>(stream_ptr)>>>(a);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess)
-    throw std::runtime_error(std::string("routed attention (CUDA): ") +
-                             (kBackward ? "backward kernel launch: " : "forward kernel launch: ") +
-                             cudaGetErrorString(err));
+  SEQREC_CUDA_CHECK("routed attention", cudaGetLastError());
 }
 
 }  // namespace
