@@ -141,10 +141,10 @@ int main(int argc, char** argv) {
     auto q = leaf(torch::randn({B, 1, len, dh}, opt)), k = leaf(torch::randn({B, 1, len, dh}, opt));
     auto mu = torch::randn({1, K, dh}, opt);
     mu = mu / mu.norm(2, -1, true);
+    const auto attend = op == "routing" ? &seqrec::ops::routed_attention : &seqrec::ops::routed_attention_reference;
     run = [=] {
       auto unit = at::layer_norm(r, {dh}, {}, {}, 1e-6);
       auto plan = seqrec::ops::causal_balanced_routing(unit.detach(), mu, pad, W, W);
-      const auto attend = op == "routing" ? &seqrec::ops::routed_attention : &seqrec::ops::routed_attention_reference;
       auto routed = attend(unit, v, plan, pad, 1.0 / std::sqrt(static_cast<double>(dh)), 0.0, true);
       return torch::cat({routed, seqrec::ops::local_attention(q, k, v, pad, 2 * W, 0.0, true)}, 1);
     };

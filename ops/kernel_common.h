@@ -23,6 +23,10 @@ namespace seqrec::ops::cuda {
 
 constexpr int kWarpSize = 32;
 
+// Kernels of one warp per row (LISA's, routing's) run kRowWarps rows per block.
+constexpr int kRowWarps = 4;
+constexpr int kRowThreads = kRowWarps * kWarpSize;
+
 SEQREC_KERNEL_FN float kexp(float x) { return ::expf(x); }
 SEQREC_KERNEL_FN double kexp(double x) { return ::exp(x); }
 SEQREC_KERNEL_FN float klog(float x) { return ::logf(x); }
@@ -79,6 +83,12 @@ struct EmulatedWarp {
 };
 
 #if defined(__CUDACC__)
+// In a kernel of kRowWarps rows per block: this warp's row, and this thread's lane in it.
+__device__ __forceinline__ int64_t warp_row() {
+  return static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarpSize;
+}
+__device__ __forceinline__ int warp_lane() { return static_cast<int>(threadIdx.x % kWarpSize); }
+
 // A warp on the device: this thread's lane and state; every lane of the warp must take part in
 // each sum and max (full-mask shuffles).
 template <typename S>

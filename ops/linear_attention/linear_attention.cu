@@ -27,7 +27,8 @@ __global__ void __launch_bounds__(lk::kThreads) causal_linear_kernel(lk::Args<T>
   const lk::Shared<T> s = lk::carve<T>(smem_raw, a.dk);
   const int64_t seq = blockIdx.x;
   const int tile = blockIdx.y, g = blockIdx.z, col0 = tile * lk::kLanes, tid = threadIdx.x;
-  const int len = min(a.seg_len, a.L), begin = g * len, end = min(a.L, begin + len);
+  int begin = 0, end = 0;
+  lk::segment_range(a, g, begin, end);
   T state[kRows];
   if (kSumsOnly) {
 #pragma unroll
@@ -64,8 +65,8 @@ void causal_linear_attention_launch(const T* q, const T* k, const T* v, T* out, 
     throw std::invalid_argument("causal linear attention (CUDA): " + std::to_string(n) + " sequences of " +
                                 std::to_string(L) + " slots is beyond the kernel's 32-bit grid and offsets");
   if (n == 0 || L == 0) return;
-  if (seg_len <= 0) seg_len = L;
-  const int segs = lk::segments(static_cast<int>(L), static_cast<int>(seg_len < L ? seg_len : L));
+  if (seg_len <= 0 || seg_len > L) seg_len = L;
+  const int segs = lk::segments(static_cast<int>(L), static_cast<int>(seg_len));
   if (segs > 1 && sums == nullptr)
     throw std::invalid_argument("causal linear attention (CUDA): " + std::to_string(segs) +
                                 " segments need a workspace of " +
@@ -81,7 +82,7 @@ void causal_linear_attention_launch(const T* q, const T* k, const T* v, T* out, 
                       static_cast<int>(dk),
                       static_cast<int>(dv),
                       reverse,
-                      static_cast<int>(seg_len < L ? seg_len : L),
+                      static_cast<int>(seg_len),
                       sums};
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
   const size_t smem = lk::shared_bytes<T>(a.dk);

@@ -138,6 +138,14 @@ SEQREC_KERNEL_FN void reduce(const Args<T>& a, int64_t seq, int col0, int c0, in
 // Segments of seg_len slots over L.
 SEQREC_KERNEL_FN int segments(int L, int seg_len) { return seg_len >= L ? 1 : (L + seg_len - 1) / seg_len; }
 
+// Walk positions [begin, end) of segment g.
+template <typename T>
+SEQREC_KERNEL_FN void segment_range(const Args<T>& a, int g, int& begin, int& end) {
+  const int len = a.seg_len < a.L ? a.seg_len : a.L;
+  begin = g * len;
+  end = begin + len < a.L ? begin + len : a.L;
+}
+
 // The grid: blocks (seq, tile, segment) for seq < n, tile < tiles(dv), segment < segments.
 SEQREC_KERNEL_FN int64_t tiles(int64_t dv) { return (dv + kLanes - 1) / kLanes; }
 
@@ -212,8 +220,9 @@ void emulate_block(const Args<T>& a, int64_t seq, int tile, int g) {
   const Shared<T> s = carve<T>(raw.data(), a.dk);
   std::vector<T> state(static_cast<size_t>(kThreads) * kRows, T(0));
   auto rows = [&](int tid) -> T(&)[kRows] { return *reinterpret_cast<T(*)[kRows]>(state.data() + tid * kRows); };
-  const int col0 = tile * kLanes, len = a.seg_len < a.L ? a.seg_len : a.L;
-  const int begin = g * len, end = begin + len < a.L ? begin + len : a.L;
+  const int col0 = tile * kLanes;
+  int begin = 0, end = 0;
+  segment_range(a, g, begin, end);
   if (!kSumsOnly)
     for (int tid = 0; tid < kThreads; ++tid) init_state<T, kRows>(a, seq, tile, g, tid, rows(tid));
   for (int c0 = begin; c0 < end; c0 += kSteps) {

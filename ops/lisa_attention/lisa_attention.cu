@@ -1,6 +1,6 @@
 // LISA's histogram attention on a CUDA device (see lisa_attention_cuda.h): the kernels run the
 // row functions of lisa_attention_kernel.h, which describes the algorithm, one warp per
-// (sequence, codebook) row and kWarpsPerBlock rows per block.
+// (sequence, codebook) row and kRowWarps rows per block.
 //
 // Time O(L · W) per row, registers O(W / 32) per lane, no shared memory; what the backward needs
 // is A and r, kept by the forward.
@@ -17,17 +17,16 @@ namespace {
 namespace lk = lisa_kernel;
 
 template <typename T, int kPer, bool kBackward>
-__global__ void __launch_bounds__(lk::kWarpsPerBlock* kWarpSize) lisa_kernel_rows(lk::Args<T> a) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * lk::kWarpsPerBlock + threadIdx.x / kWarpSize;
+__global__ void __launch_bounds__(kRowThreads) lisa_kernel_rows(lk::Args<T> a) {
+  const int64_t row = warp_row();
   if (row >= a.B * a.C) return;  // the whole warp leaves together
   DeviceWarp<lk::Lane<T, kPer>> warp;
-  warp.lane = static_cast<int>(threadIdx.x % kWarpSize);
+  warp.lane = warp_lane();
   if (kBackward)
     lk::backward_row<T, kPer>(warp, a, row);
   else
     lk::forward_row<T, kPer>(warp, a, row);
 }
-
 
 template <typename T, bool kBackward>
 void launch(const lk::Args<T>& a, void* stream_ptr) {
@@ -36,14 +35,10 @@ void launch(const lk::Args<T>& a, void* stream_ptr) {
                                 std::to_string(kLisaMaxCodewords) + ", got " + std::to_string(a.W));
   const int64_t rows = a.B * a.C;
   if (rows == 0 || a.L == 0) return;
-  const int64_t blocks = (rows + lk::kWarpsPerBlock - 1) / lk::kWarpsPerBlock;
-  if (blocks > 0x7fffffff)
-    throw std::invalid_argument("LISA attention (CUDA): " + std::to_string(rows) +
-                                " (sequence, codebook) rows is beyond the kernel's grid");
+  const unsigned blocks = row_blocks(rows, "LISA attention", "(sequence, codebook) rows");
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
   lk::with_per_lane(a.W, [&](auto per) {
-    lisa_kernel_rows<T, decltype(per)::value, kBackward>
-        <<<static_cast<unsigned>(blocks), lk::kWarpsPerBlock * kWarpSize, 0, stream>>>(a);
+    lisa_kernel_rows<T, decltype(per)::value, kBackward><<<blocks, kRowThreads, 0, stream>>>(a);
     SEQREC_CUDA_CHECK("LISA attention", cudaGetLastError());
   });
 }

@@ -23,7 +23,6 @@
 
 namespace seqrec::ops::cuda::lisa_kernel {
 
-constexpr int kWarpsPerBlock = 4;
 constexpr int kMaxPer = 16;  // codewords per lane at most
 constexpr int64_t kMaxCodewords = static_cast<int64_t>(kWarpSize) * kMaxPer;
 constexpr double kMaxShiftGap = 60.0;  // as in the reference and the CPU kernel

@@ -1,13 +1,10 @@
 // Routed attention on a CUDA device (see routing_attention_cuda.h): the kernels run the row
 // functions of routing_attention_kernel.h, which describes the arithmetic, one warp per
-// (sequence, head, query slot) and kWarpsPerBlock queries per block.
+// (sequence, head, query slot) and kRowWarps queries per block.
 //
 // Time O(W · (d + dv)) per query; memory O(W) per query (the probabilities kept for the
 // backward, the dl scratch), none of the reference's [B, H, L, W, d] gathers.
 #include "ops/routing_attention/routing_attention_cuda.h"
-
-#include <stdexcept>
-#include <string>
 
 #include "ops/cuda_check.h"
 
@@ -17,11 +14,11 @@ namespace {
 namespace rk = routing_kernel;
 
 template <typename T, bool kBackward>
-__global__ void __launch_bounds__(rk::kWarpsPerBlock* kWarpSize) routed_attention_rows(rk::Args<T> a) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * rk::kWarpsPerBlock + threadIdx.x / kWarpSize;
+__global__ void __launch_bounds__(kRowThreads) routed_attention_rows(rk::Args<T> a) {
+  const int64_t row = warp_row();
   if (row >= a.B * a.H * a.L) return;  // the whole warp leaves together
   DeviceWarp<rk::NoState> warp;
-  warp.lane = static_cast<int>(threadIdx.x % kWarpSize);
+  warp.lane = warp_lane();
   if (kBackward)
     rk::backward_row<T>(warp, a, row);
   else
@@ -32,12 +29,8 @@ template <typename T, bool kBackward>
 void launch(const rk::Args<T>& a, void* stream_ptr) {
   const int64_t rows = a.B * a.H * a.L;
   if (rows == 0) return;
-  const int64_t blocks = (rows + rk::kWarpsPerBlock - 1) / rk::kWarpsPerBlock;
-  if (blocks > 0x7fffffff)
-    throw std::invalid_argument("routed attention (CUDA): " + std::to_string(rows) +
-                                " query rows is beyond the kernel's grid");
-  routed_attention_rows<T, kBackward><<<static_cast<unsigned>(blocks), rk::kWarpsPerBlock * kWarpSize, 0,
-                                        static_cast<cudaStream_t>(stream_ptr)>>>(a);
+  routed_attention_rows<T, kBackward>
+      <<<row_blocks(rows, "routed attention", "query rows"), kRowThreads, 0, static_cast<cudaStream_t>(stream_ptr)>>>(a);
   SEQREC_CUDA_CHECK("routed attention", cudaGetLastError());
 }
 

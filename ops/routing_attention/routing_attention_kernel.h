@@ -20,8 +20,6 @@
 
 namespace seqrec::ops::cuda::routing_kernel {
 
-constexpr int kWarpsPerBlock = 4;
-
 // Contiguous rows of routed_attention (routing_attention.h): rows = B·H·L queries.
 template <typename T>
 struct Args {
