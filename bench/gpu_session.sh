@@ -20,7 +20,8 @@
 # features; default .devdata/ml-1m-uf), BUDGET_S (seconds from the start until the runs are
 # stopped and the results written; default 540), GPU_RUNS (a file; default none), TIMING=0
 # skips step 2, TESTS=0 skips step 4, GPU_TESTS (a gtest filter for test_cli; default
-# '*Cuda*:*Device*').
+# '*Cuda*:*Device*'), TIME_ONLY (an extended regex: step 2 times only the names it matches),
+# OPS (the attention_bench ops of step 2a, space-separated; default all of them).
 set -uo pipefail
 : "${OUT:?set OUT to a folder for the results}"
 DATA=${DATA:-.devdata/ml-1m-uf}
@@ -60,6 +61,7 @@ done
 # NAME-ref is NAME through the ATen references (--fused_kernels=false), as before the kernels.
 time_epochs() {  # name, flags...
   local name=$1; shift
+  [[ "$name" =~ ${TIME_ONLY:-.} ]] || return 0
   local run=/tmp/time-$name
   rm -rf $run
   $B train "$@" --data "$DATA" --out $run --epochs 3 --eval_every 3 --final_test=false --device cuda \
@@ -84,9 +86,10 @@ fi
 # 2a. The causal product (CUDA kernel, ATen reference), LinRec's and FLASH4Rec's cosine attention,
 # LISA's histogram attention (CUDA kernel, ATen reference), routing attention, softmax attention
 # and four whole models, forward + backward, alone on the GPU.
+ALL_OPS="softmax linear linear:reference linrec gated:cosine lisa lisa:reference routing routing:reference
+         model:sasrec model:linrec model:lisa model:routing"
 [ "${OP_BENCH:-1}" = 0 ] || for L in 200 1024 4096; do
-  for op in softmax linear linear:reference linrec gated:cosine lisa lisa:reference routing routing:reference \
-            model:sasrec model:linrec model:lisa model:routing; do
+  for op in ${OPS:-$ALL_OPS}; do
     say "op $(timeout 60 build-gpu/bench/attention_bench --device cuda --op $op --len $L --tokens 25600 --dim 50 --iters 5 2>&1 | tail -1)"
   done
 done

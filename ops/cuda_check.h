@@ -1,9 +1,11 @@
 #pragma once
 // The CUDA runtime's errors as exceptions, one family for every .cu: the op, what failed (the
-// call as written), the runtime's message and where; and the grid of a warp-per-row kernel,
-// refused by name past the grid's limit. nvcc only (it includes the runtime).
+// call as written), the runtime's message and where; the device's multiprocessor count, cached;
+// and the grid of a warp-per-row kernel, refused by name past the grid's limit. nvcc only (it
+// includes the runtime).
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -16,6 +18,21 @@ inline void check_cuda(cudaError_t err, const char* op, const char* what, const 
   if (err != cudaSuccess)
     throw std::runtime_error(std::string(op) + " (CUDA): " + what + ": " + cudaGetErrorString(err) + " (" + file +
                              ":" + std::to_string(line) + ")");
+}
+
+// The current device's multiprocessor count, asked once per device (what plans segments).
+inline int multiprocessors(const char* op) {
+  constexpr int kDevices = 64;
+  static std::atomic<int> known[kDevices] = {};  // 0: not yet asked
+  int device = 0, sms = 0;
+  check_cuda(cudaGetDevice(&device), op, "cudaGetDevice", __FILE__, __LINE__);
+  if (device >= 0 && device < kDevices) sms = known[device].load(std::memory_order_relaxed);
+  if (sms == 0) {
+    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), op,
+               "cudaDeviceGetAttribute(multiprocessors)", __FILE__, __LINE__);
+    if (device >= 0 && device < kDevices) known[device].store(sms, std::memory_order_relaxed);
+  }
+  return sms;
 }
 
 // Blocks of kRowWarps rows for `rows` rows (what each row is: `what`, for the message).

@@ -7,7 +7,6 @@
 // runs the same kernel three times (linear_attention_cuda.h).
 #include "ops/linear_attention/linear_attention_cuda.h"
 
-#include <atomic>
 #include <stdexcept>
 #include <string>
 
@@ -109,17 +108,7 @@ void causal_linear_attention_launch(const T* q, const T* k, const T* v, T* out, 
 }
 
 int64_t causal_linear_attention_segment_len(int64_t n, int64_t L, int64_t dv) {
-  // Each device's multiprocessor count, asked once (0: not yet asked).
-  constexpr int kDevices = 64;
-  static std::atomic<int> known[kDevices] = {};
-  int device = 0, sms = 0;
-  SEQREC_CUDA_CHECK(kOp, cudaGetDevice(&device));
-  if (device >= 0 && device < kDevices) sms = known[device].load(std::memory_order_relaxed);
-  if (sms == 0) {
-    SEQREC_CUDA_CHECK(kOp, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    if (device >= 0 && device < kDevices) known[device].store(sms, std::memory_order_relaxed);
-  }
-  return lk::plan_segment_len(n, L, dv, sms);
+  return lk::plan_segment_len(n, L, dv, multiprocessors(kOp));
 }
 
 template void causal_linear_attention_launch<float>(const float*, const float*, const float*, float*, int64_t,

@@ -1,9 +1,9 @@
 // LISA's histogram attention on a CUDA device (see lisa_attention_cuda.h): the kernels run the
 // row functions of lisa_attention_kernel.h, which describes the algorithm, one warp per
-// (sequence, codebook) row and kRowWarps rows per block.
+// (sequence, codebook) row and segment, kRowWarps warps per block.
 //
-// Time O(L · W) per row, registers O(W / 32) per lane, no shared memory; what the backward needs
-// is A and r, kept by the forward.
+// Time O(L · W) per row, registers O(W / 32) per lane, no shared memory, O(segments · W) per row
+// for the segment sums; what the backward needs is A and r, kept by the forward.
 #include "ops/lisa_attention/lisa_attention_cuda.h"
 
 #include <stdexcept>
@@ -16,30 +16,40 @@ namespace {
 
 namespace lk = lisa_kernel;
 
-template <typename T, int kPer, bool kBackward>
+template <typename T, int kPer, bool kBackward, bool kSumsOnly>
 __global__ void __launch_bounds__(kRowThreads) lisa_kernel_rows(lk::Args<T> a) {
-  const int64_t row = warp_row();
-  if (row >= a.B * a.C) return;  // the whole warp leaves together
+  const int64_t w = warp_row();
+  if (w >= lk::launch_warps(a, kSumsOnly)) return;  // the whole warp leaves together
   DeviceWarp<lk::Lane<T, kPer>> warp;
   warp.lane = warp_lane();
-  if (kBackward)
-    lk::backward_row<T, kPer>(warp, a, row);
-  else
-    lk::forward_row<T, kPer>(warp, a, row);
+  lk::run_warp<T, kPer, kBackward, kSumsOnly>(warp, a, w);
 }
 
+constexpr const char* kOp = "LISA attention";
+
 template <typename T, bool kBackward>
-void launch(const lk::Args<T>& a, void* stream_ptr) {
-  if (a.W <= 0 || a.W > kLisaMaxCodewords)
+void launch(const lk::Args<T>& args, void* stream_ptr) {
+  if (args.W <= 0 || args.W > kLisaMaxCodewords)
     throw std::invalid_argument("LISA attention (CUDA): codewords per codebook must be in 1.." +
-                                std::to_string(kLisaMaxCodewords) + ", got " + std::to_string(a.W));
-  const int64_t rows = a.B * a.C;
-  if (rows == 0 || a.L == 0) return;
-  const unsigned blocks = row_blocks(rows, "LISA attention", "(sequence, codebook) rows");
+                                std::to_string(kLisaMaxCodewords) + ", got " + std::to_string(args.W));
+  const int64_t rows = args.B * args.C;
+  if (rows == 0 || args.L == 0) return;
+  const lk::Args<T> a = lk::prepare(args);
+  const int64_t segs = lk::segments(a.L, a.seg_len);
+  if (segs > 1 && a.sums == nullptr)
+    throw std::invalid_argument("LISA attention (CUDA): " + std::to_string(segs) + " segments need a workspace of " +
+                                std::to_string(lk::workspace_elements(rows, a.L, a.W, a.seg_len)) + " elements");
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
   lk::with_per_lane(a.W, [&](auto per) {
-    lisa_kernel_rows<T, decltype(per)::value, kBackward><<<blocks, kRowThreads, 0, stream>>>(a);
-    SEQREC_CUDA_CHECK("LISA attention", cudaGetLastError());
+    constexpr int P = decltype(per)::value;
+    if (segs > 1) {
+      const unsigned blocks = row_blocks(lk::launch_warps(a, true), kOp, "(row, segment) warps");
+      lisa_kernel_rows<T, P, kBackward, true><<<blocks, kRowThreads, 0, stream>>>(a);
+      SEQREC_CUDA_CHECK(kOp, cudaGetLastError());  // the segment sums' launch
+    }
+    const unsigned blocks = row_blocks(lk::launch_warps(a, false), kOp, "(row, segment) warps");
+    lisa_kernel_rows<T, P, kBackward, false><<<blocks, kRowThreads, 0, stream>>>(a);
+    SEQREC_CUDA_CHECK(kOp, cudaGetLastError());
   });
 }
 
@@ -52,6 +62,10 @@ void lisa_attention_forward_launch(const lk::Args<T>& a, void* stream) {
 template <typename T>
 void lisa_attention_backward_launch(const lk::Args<T>& a, void* stream) {
   launch<T, true>(a, stream);
+}
+
+int64_t lisa_attention_segment_len(int64_t rows, int64_t L) {
+  return lk::plan_segment_len(rows, L, multiprocessors(kOp));
 }
 
 template void lisa_attention_forward_launch<float>(const lk::Args<float>&, void*);

@@ -12,6 +12,11 @@ namespace seqrec::ops::cuda {
 // The most codewords per codebook the kernels take; more run the ATen reference.
 constexpr int64_t kLisaMaxCodewords = lisa_kernel::kMaxCodewords;
 
+// Slots per segment for `rows` (sequence, codebook) rows of L slots on the current device (L: one
+// segment); the launches then need a.seg_len set to it and a.sums to a workspace of
+// lisa_kernel::workspace_elements(rows, L, W, seg_len) elements (none with one segment).
+int64_t lisa_attention_segment_len(int64_t rows, int64_t L);
+
 // Forward: a.A and a.r from a.weights, a.psi, a.pad, a.table (lisa_kernel::Args; a.g and
 // a.gtable unused). Backward: a.g (the attention weights' gradient gA in, the weights' gradient
 // out) and a.gtable (added to) from a.A, a.r, a.psi, a.pad, a.table. All on the current device,

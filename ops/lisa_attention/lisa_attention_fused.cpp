@@ -244,11 +244,12 @@ at::Tensor cpu_backward(const at::Tensor& g, const at::Tensor& A, const at::Tens
 }
 
 #if SEQREC_HAVE_CUDA
-// The same two on a CUDA device: lisa_attention.cu's kernels, one warp per (b, c) row, the
-// table's gradient by atomic adds into one buffer.
+// The same two on a CUDA device: lisa_attention.cu's kernels, one warp per (b, c) row and
+// segment, the table's gradient by atomic adds into one buffer. `sums` becomes the segments'
+// workspace (undefined with one segment) and must outlive the launch.
 template <typename T>
 cuda::lisa_kernel::Args<T> kernel_args(const at::Tensor& index, const at::Tensor& pad, const at::Tensor& table,
-                                       const at::Tensor& A, const at::Tensor& r, double decay) {
+                                       const at::Tensor& A, const at::Tensor& r, double decay, at::Tensor& sums) {
   cuda::lisa_kernel::Args<T> a{};
   a.psi = index.data_ptr<int64_t>();
   a.pad = pad.data_ptr<bool>();
@@ -260,6 +261,12 @@ cuda::lisa_kernel::Args<T> kernel_args(const at::Tensor& index, const at::Tensor
   a.C = A.size(2);
   a.W = A.size(3);
   a.decay = static_cast<T>(decay);
+  a.seg_len = cuda::lisa_attention_segment_len(a.B * a.C, a.L);
+  const int64_t scratch = cuda::lisa_kernel::workspace_elements(a.B * a.C, a.L, a.W, a.seg_len);
+  if (scratch > 0) {
+    sums = torch::empty({scratch}, A.options());
+    a.sums = sums.data_ptr<T>();
+  }
   return a;
 }
 
@@ -268,8 +275,9 @@ void* current_stream(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStre
 void cuda_forward(const at::Tensor& weights, const at::Tensor& index, const at::Tensor& pad, const at::Tensor& table,
                   const at::Tensor& A, const at::Tensor& r, double decay) {
   const c10::cuda::CUDAGuard guard(A.device());
+  at::Tensor sums;
   AT_DISPATCH_FLOATING_TYPES(A.scalar_type(), "lisa_attention_cuda", [&] {
-    auto a = kernel_args<scalar_t>(index, pad, table, A, r, decay);
+    auto a = kernel_args<scalar_t>(index, pad, table, A, r, decay, sums);
     a.weights = weights.data_ptr<scalar_t>();
     cuda::lisa_attention_forward_launch<scalar_t>(a, current_stream(A));
   });
@@ -279,8 +287,9 @@ at::Tensor cuda_backward(const at::Tensor& g, const at::Tensor& A, const at::Ten
                          const at::Tensor& pad, const at::Tensor& table, double decay) {
   auto gtable = torch::zeros(table.sizes(), A.options());
   const c10::cuda::CUDAGuard guard(A.device());
+  at::Tensor sums;
   AT_DISPATCH_FLOATING_TYPES(A.scalar_type(), "lisa_attention_cuda_backward", [&] {
-    auto a = kernel_args<scalar_t>(index, pad, table, A, r, decay);
+    auto a = kernel_args<scalar_t>(index, pad, table, A, r, decay, sums);
     a.g = g.data_ptr<scalar_t>();
     a.gtable = gtable.data_ptr<scalar_t>();
     cuda::lisa_attention_backward_launch<scalar_t>(a, current_stream(A));

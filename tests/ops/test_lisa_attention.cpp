@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 #include <tuple>
@@ -421,7 +422,7 @@ bool close_to(const at::Tensor& got, const at::Tensor& want, double tol) {
 // the CUDA op composes them (the products by the values as GEMMs). A, r and g start as NaN, so a
 // slot the kernels leave unwritten shows.
 template <typename T>
-std::vector<at::Tensor> emulated_cuda_op(const Inputs& in, double decay, const at::Tensor& gout) {
+std::vector<at::Tensor> emulated_cuda_op(const Inputs& in, double decay, const at::Tensor& gout, int64_t seg_len = 0) {
   namespace lk = seqrec::ops::cuda::lisa_kernel;
   auto weights = in.weights.contiguous(), table = in.table.contiguous(), values = in.values.contiguous();
   auto index = in.index.contiguous(), pad = in.pad.contiguous();
@@ -431,6 +432,11 @@ std::vector<at::Tensor> emulated_cuda_op(const Inputs& in, double decay, const a
   auto r = torch::full({B, L, C}, std::nan(""), weights.options());
   lk::Args<T> a{weights.data_ptr<T>(), index.data_ptr<int64_t>(), pad.data_ptr<bool>(), table.data_ptr<T>(),
                 A.data_ptr<T>(), r.data_ptr<T>(), nullptr, nullptr, B, L, C, W, static_cast<T>(decay)};
+  // Each launch pair gets its own workspace, as on the device; NaN where nothing was written.
+  a.seg_len = seg_len;
+  const int64_t scratch = lk::workspace_elements(B * C, L, W, seg_len);
+  auto sums = torch::full({std::max<int64_t>(scratch, 1)}, std::nan(""), weights.options());
+  a.sums = scratch > 0 ? sums.data_ptr<T>() : nullptr;
   lk::emulate(a, /*backward=*/false);
   EXPECT_FALSE(torch::isnan(A).any().item<bool>() || torch::isnan(r).any().item<bool>()) << "a slot left unwritten";
   auto out = A.view({B * L, C * W}).mm(values.view({C * W, D})).view({B, L, D});
@@ -440,13 +446,15 @@ std::vector<at::Tensor> emulated_cuda_op(const Inputs& in, double decay, const a
   auto gtable = torch::zeros({C, W, W}, weights.options());
   a.g = g.data_ptr<T>();
   a.gtable = gtable.data_ptr<T>();
+  sums.fill_(std::nan(""));
   lk::emulate(a, /*backward=*/true);
   return {out, g, gtable, gvalues};
 }
 
 // Against the CPU's fused kernel, in double and float: W below, at and past a lane's 32
 // codewords up to the 512 the kernel takes (every codewords-per-lane instantiation), left and
-// right padding with empty and full rows, decay 1 and e^-0.1, soft and one-hot weights, and
+// right padding with empty and full rows, decay 1 and e^-0.1, soft and one-hot weights, one
+// segment and segments of 7 and 16 slots (a short last one; padding across their bounds), and
 // logits and counts 200 nats apart (the exact-shift fallback). What this cannot show (the
 // device's shuffles, atomics, launch errors) is CudaKernelMatchesCpuKernel's, on a GPU.
 TEST(LisaAttention, CudaKernelLogicMatchesCpuKernel) {
@@ -462,28 +470,30 @@ TEST(LisaAttention, CudaKernelLogicMatchesCpuKernel) {
                                                 {1, 9, 1, 512, 2}})
       for (bool left : {true, false})
         for (double decay : {1.0, kDecay})
-          for (bool onehot : {false, true}) {
-            if (k.W >= 256 && (!left || onehot)) continue;  // the widest rows in fewer settings
-            auto pad = mixed_padding(k, left);
-            auto in = make_inputs(k.B, k.L, k.C, k.W, k.D, pad, onehot, dtype);
-            auto gout = torch::randn({k.B, k.L, k.D}, dtype);
-            auto w = in.weights.clone().requires_grad_(), t = in.table.clone().requires_grad_(),
-                 v = in.values.clone().requires_grad_();
-            auto want = lisa_attention(w, in.index, pad, t, v, decay);  // the CPU's fused kernel
-            auto g_want = torch::autograd::grad({want}, {w, t, v}, {gout});
-            auto got = dtype == torch::kFloat64 ? emulated_cuda_op<double>(in, decay, gout)
-                                                : emulated_cuda_op<float>(in, decay, gout);
-            const std::string where = describe(k, dtype, left, decay, onehot);
-            // Float: the kernel sums over codewords by lanes and butterfly, in exact exp, where the
-            // CPU kernel sums in order with a polynomial exp (relative error below 2e-7): both are
-            // within about 1e-6 of the largest magnitude, and 1e-5 leaves room over 300 slots.
-            const double tol = dtype == torch::kFloat64 ? 1e-10 : 1e-5;
-            EXPECT_TRUE(close_to(got[0], want.detach(), tol)) << where << " out, max err " << max_err(got[0], want);
-            const char* names[] = {"weights", "table", "values"};
-            for (int n = 0; n < 3; ++n)
-              EXPECT_TRUE(close_to(got[n + 1], g_want[n], tol))
-                  << where << " " << names[n] << " gradient, max err " << max_err(got[n + 1], g_want[n]);
-          }
+          for (bool onehot : {false, true})
+            for (int64_t seg_len : {int64_t{0}, int64_t{7}, int64_t{16}}) {
+              if (k.W >= 256 && (!left || onehot)) continue;  // the widest rows in fewer settings
+              if (seg_len > 0 && (k.L <= seg_len || (k.W > 64 && seg_len == 7))) continue;
+              auto pad = mixed_padding(k, left);
+              auto in = make_inputs(k.B, k.L, k.C, k.W, k.D, pad, onehot, dtype);
+              auto gout = torch::randn({k.B, k.L, k.D}, dtype);
+              auto w = in.weights.clone().requires_grad_(), t = in.table.clone().requires_grad_(),
+                   v = in.values.clone().requires_grad_();
+              auto want = lisa_attention(w, in.index, pad, t, v, decay);  // the CPU's fused kernel
+              auto g_want = torch::autograd::grad({want}, {w, t, v}, {gout});
+              auto got = dtype == torch::kFloat64 ? emulated_cuda_op<double>(in, decay, gout, seg_len)
+                                                  : emulated_cuda_op<float>(in, decay, gout, seg_len);
+              const std::string where = describe(k, dtype, left, decay, onehot) + " seg_len " + std::to_string(seg_len);
+              // Float: the kernel sums over codewords by lanes and butterfly, in exact exp, where the
+              // CPU kernel sums in order with a polynomial exp (relative error below 2e-7): both are
+              // within about 1e-6 of the largest magnitude, and 1e-5 leaves room over 300 slots.
+              const double tol = dtype == torch::kFloat64 ? 1e-10 : 1e-5;
+              EXPECT_TRUE(close_to(got[0], want.detach(), tol)) << where << " out, max err " << max_err(got[0], want);
+              const char* names[] = {"weights", "table", "values"};
+              for (int n = 0; n < 3; ++n)
+                EXPECT_TRUE(close_to(got[n + 1], g_want[n], tol))
+                    << where << " " << names[n] << " gradient, max err " << max_err(got[n + 1], g_want[n]);
+            }
 
   // Logits and counts far apart (as FusedHandlesLogitsAndCountsFarApart): the exact shift.
   for (auto dtype : {torch::kFloat64, torch::kFloat32}) {
@@ -497,11 +507,15 @@ TEST(LisaAttention, CudaKernelLogicMatchesCpuKernel) {
     in.table = torch::zeros({1, W, W}, dtype);
     in.table[0][1][0] = 200.0;
     in.values = torch::randn({1, W, D}, dtype);
-    auto got = dtype == torch::kFloat64 ? emulated_cuda_op<double>(in, kDecay, torch::ones({1, L, D}, dtype))
-                                        : emulated_cuda_op<float>(in, kDecay, torch::ones({1, L, D}, dtype));
     auto want = naive(in, kDecay);
-    EXPECT_TRUE(torch::allclose(got[0].to(torch::kFloat64), want, 1e-4, 1e-5)) << max_err(got[0], want);
-    for (const auto& t : got) EXPECT_TRUE(torch::isfinite(t).all().item<bool>());
+    for (int64_t seg_len : {0, 100}) {  // the histogram reaches the last slot across 8 segments too
+      auto gout = torch::ones({1, L, D}, dtype);
+      auto got = dtype == torch::kFloat64 ? emulated_cuda_op<double>(in, kDecay, gout, seg_len)
+                                          : emulated_cuda_op<float>(in, kDecay, gout, seg_len);
+      EXPECT_TRUE(torch::allclose(got[0].to(torch::kFloat64), want, 1e-4, 1e-5))
+          << "seg_len " << seg_len << ": " << max_err(got[0], want);
+      for (const auto& t : got) EXPECT_TRUE(torch::isfinite(t).all().item<bool>()) << "seg_len " << seg_len;
+    }
   }
   // Where the one-log bound underflows every term even with an exact exp: codeword 0 seen once
   // with weight 1e-44 and logit 200, codeword 1 a hundred times with logit 0, so the bound sits
@@ -524,6 +538,45 @@ TEST(LisaAttention, CudaKernelLogicMatchesCpuKernel) {
     EXPECT_TRUE(torch::allclose(got[0][0][L - 1], in.values[0][0], 1e-5, 1e-6)) << got[0][0][L - 1];
     EXPECT_TRUE(torch::allclose(got[0], want, 1e-5, 1e-6)) << max_err(got[0], want);
   }
+}
+
+// Where the launcher cuts rows into segments: only grids short of kWarpsPerSm warps per
+// multiprocessor and rows of at least 2 x kMinSegment slots, into about enough segments to fill
+// the device, each at least kMinSegment slots, at most kMaxSegments per row.
+TEST(LisaAttention, CudaSegmentPlan) {
+  namespace lk = seqrec::ops::cuda::lisa_kernel;
+  EXPECT_EQ(lk::plan_segment_len(16 * 132, 300, 132), 300);  // a grid that fills the device
+  EXPECT_EQ(lk::plan_segment_len(128 * 8, 100, 132), 100);  // under 2 x kMinSegment
+  EXPECT_EQ(lk::plan_segment_len(128 * 8, 300, 132), 100);  // LISA-Base's paper setting on an H200: 3 segments
+  EXPECT_EQ(lk::workspace_elements(48, 100, 128, 100), 0);
+  EXPECT_EQ(lk::segments(100, 0), 1);
+  for (auto [rows, L, sms] : std::vector<std::array<int64_t, 3>>{
+           {48, 4096, 132}, {200, 1024, 132}, {1024, 200, 132}, {1, 1000, 132}, {1, 128, 1}, {8, 1 << 20, 132}}) {
+    const int64_t len = lk::plan_segment_len(rows, L, sms), segs = lk::segments(L, len);
+    const std::string where = "rows " + std::to_string(rows) + " L " + std::to_string(L);
+    EXPECT_GE(len, lk::kMinSegment) << where;
+    EXPECT_GT(segs, 1) << where;
+    EXPECT_LE(segs, lk::kMaxSegments) << where;
+    const int64_t target = lk::kWarpsPerSm * sms;
+    if ((target + rows - 1) / rows <= std::min<int64_t>(lk::kMaxSegments, L / lk::kMinSegment)) {
+      EXPECT_GE(rows * segs, target) << where;
+      EXPECT_LT(rows * (segs - 1), target) << where;  // no more segments than it takes
+    }
+    EXPECT_EQ(lk::workspace_elements(rows, L, 128, len), rows * segs * 128) << where;
+    // Segments tile the row: each begins where the one before ended, the last ends at L.
+    lk::Args<float> a{};
+    a.L = L;
+    a.seg_len = len;
+    int64_t begin = 0, end = 0, at = 0;
+    for (int64_t g = 0; g < segs; ++g) {
+      lk::segment_range(a, g, begin, end);
+      EXPECT_EQ(begin, at) << where;
+      EXPECT_GT(end, begin) << where;
+      at = end;
+    }
+    EXPECT_EQ(at, L) << where;
+  }
+  EXPECT_EQ(lk::plan_segment_len(48, 4096, 132), 94);  // 44 segments: 2,112 warps
 }
 
 // The CUDA kernels (what lisa_attention runs on a CUDA device) against the CPU's fused kernel on
