@@ -582,7 +582,9 @@ TEST(LisaAttention, CudaSegmentPlan) {
 // The CUDA kernels (what lisa_attention runs on a CUDA device) against the CPU's fused kernel on
 // the same inputs: values and the three gradients, float and double, W from 1 to 512 and one
 // past it (600, left to the reference), padding, decay, soft and one-hot weights, and many rows
-// sharing the table's gradient (atomic adds); then causality on the device. GPU machines only.
+// sharing the table's gradient (atomic adds), short grids the launcher cuts into segments (8
+// rows of 300 and 1,000 slots: 4 and 15 segments; 512 rows of 200: 3); then causality on the
+// device. GPU machines only.
 TEST(LisaAttention, CudaKernelMatchesCpuKernel) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: this check runs on a GPU machine";
   torch::manual_seed(22);
@@ -594,7 +596,8 @@ TEST(LisaAttention, CudaKernelMatchesCpuKernel) {
                                                 {4, 300, 2, 100, 8},
                                                 {2, 25, 1, 256, 4},
                                                 {1, 12, 2, 512, 3},
-                                                {1, 10, 1, 600, 3}})
+                                                {1, 10, 1, 600, 3},
+                                                {2, 1000, 4, 128, 8}})
       for (double decay : {1.0, kDecay})
         for (bool onehot : {false, true}) {
           auto pad = mixed_padding(k, true);
@@ -621,15 +624,16 @@ TEST(LisaAttention, CudaKernelMatchesCpuKernel) {
           for (int n = 0; n < 3; ++n) EXPECT_TRUE(close_to(g_got[n], g_want[n], tol)) << where << " " << names[n];
         }
 
-  // Causality on the device: changing slots >= 30 leaves slots < 30 bit for bit.
-  auto pad = torch::zeros({4, 60}, torch::kBool);
-  auto in = make_inputs(4, 60, 3, 40, 6, pad, false);
+  // Causality on the device, in 3 segments of 67 slots: changing slots >= 100 leaves slots < 100
+  // bit for bit.
+  auto pad = torch::zeros({4, 200}, torch::kBool);
+  auto in = make_inputs(4, 200, 3, 40, 6, pad, false);
   auto before = lisa_attention(in.weights.cuda(), in.index.cuda(), pad.cuda(), in.table.cuda(), in.values.cuda(), kDecay);
   auto w2 = in.weights.clone();
-  w2.narrow(1, 30, 30).uniform_();
+  w2.narrow(1, 100, 100).uniform_();
   auto after = lisa_attention(w2.cuda(), in.index.cuda(), pad.cuda(), in.table.cuda(), in.values.cuda(), kDecay);
-  EXPECT_TRUE(torch::equal(before.narrow(1, 0, 30), after.narrow(1, 0, 30)));
-  EXPECT_FALSE(torch::equal(before.narrow(1, 30, 30), after.narrow(1, 30, 30)));
+  EXPECT_TRUE(torch::equal(before.narrow(1, 0, 100), after.narrow(1, 0, 100)));
+  EXPECT_FALSE(torch::equal(before.narrow(1, 100, 100), after.narrow(1, 100, 100)));
 }
 
 // The models reach the fused kernel on the CPU (its autograd node), and the reference elsewhere
