@@ -7,7 +7,8 @@
 #      against the CPU's before anything runs on them;
 #   2. time training epochs on the GPU, alone on it, with the peak GPU memory: SASRec and LinRec
 #      (LinRec's paper setting and the common setting, ML-1M, max_len 200), LISA-Base and
-#      Routing in their configs, each kernel also against its reference (--fused_kernels=false);
+#      Routing in their configs, each kernel also against its reference (--fused_kernels=false),
+#      and FLASH4Rec; the common setting and FLASH4Rec also in the CPU's 8 length slices;
 #      time the attention ops forward + backward at L = 200, 1,024, 4,096 (OP_BENCH=0 skips);
 #      profile 10 steps of SASRec and LinRec in the common setting (PROFILE=0 skips);
 #   3. start the training runs listed in GPU_RUNS (one "NAME FLAGS..." per line, # comments;
@@ -73,9 +74,11 @@ if [ "${TIMING:-1}" != 0 ]; then
   time_epochs paper-linrec-ref --flagfile configs/ml-1m/linrec.flags --fused_kernels=false
   for m in sasrec linrec; do time_epochs "common-$m" --flagfile configs/ml-1m/common/$m.flags; done
   time_epochs common-linrec-ref --flagfile configs/ml-1m/common/linrec.flags --fused_kernels=false
-  # The batch whole rather than in 8 length slices: on the CPU slicing saves padding work, on a
-  # host-bound GPU step it multiplies the launches.
-  for m in sasrec linrec; do time_epochs "common-$m-whole" --flagfile configs/ml-1m/common/$m.flags --length_groups 1; done
+  # The batch in 8 length slices (the CPU's default) rather than whole (the device's): on the CPU
+  # slicing saves padding work, on a host-bound GPU step it multiplies the launches.
+  for m in sasrec linrec; do time_epochs "common-$m-sliced" --flagfile configs/ml-1m/common/$m.flags --length_groups 8; done
+  time_epochs flash4rec --flagfile configs/ml-1m/flash4rec.flags
+  time_epochs flash4rec-sliced --flagfile configs/ml-1m/flash4rec.flags --length_groups 8
   # LISA-Base's and Routing's kernels against their references, in each model's own config.
   for m in lisa-base routing; do
     time_epochs "$m" --flagfile configs/ml-1m/$m.flags

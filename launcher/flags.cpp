@@ -126,7 +126,11 @@ DEFINE_int64(replica_check_every, 100,
 DEFINE_int64(max_steps, 0, "stop after this many optimizer steps; 0 = no limit");
 DEFINE_bool(final_test, true, "evaluate the validation-selected model on the test split at the end");
 DEFINE_double(log_every, 10, "seconds between progress lines");
-DEFINE_int64(length_groups, 8, "run each batch as this many length-sorted slices, each trimmed to its longest row (same result, less padding work; with --moe_experts the batch runs whole and only the gated attention unit slices it)");
+DEFINE_int64(length_groups, 0,
+             "run each batch as this many length-sorted slices, each trimmed to its longest row (same result, "
+             "less padding work; with --moe_experts the batch runs whole and only the gated attention unit "
+             "slices it); 0 = 8 on the CPU, 1 on a CUDA device (where each slice's launches cost more than "
+             "the padding saves)");
 DEFINE_int64(softmax_keep_mib, 256,
              "--loss ce: keep a batch's softmax probabilities from the forward for the backward when they fit in "
              "this many MiB (one [targets x items] product fewer, about 5% off a FLASH4Rec step on ML-1M, for up "

@@ -614,7 +614,7 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
            std::to_string(mo.blocks) + " heads=" + std::to_string(mo.heads) + " loss=" + o.loss +
            " batch/rank=" + std::to_string(o.loader.batch_size) +
            (o.loader.windows ? " examples=windows of max_len" : " examples=one per user") + " steps/epoch=" +
-           std::to_string(loader.steps_per_epoch()));
+           std::to_string(loader.steps_per_epoch()) + " length_groups=" + std::to_string(o.length_groups));
   log.line("[setup] model selection: valid " + o.select_metric + " under \"" + o.select_protocol.describe() + "\"");
   if (fault.step > 0) {
     if (fault.rank >= world)

@@ -252,8 +252,10 @@ TEST_F(Cli, LengthGroupsChangeTheWorkNotTheResult) {
     const std::string one = dir("groups1" + tag), eight = dir("groups8" + tag);
     auto r1 = run_seqrec(common + "--out " + one + " --length_groups 1", 300);
     ASSERT_EQ(r1.code, 0) << r1.output;
-    auto r8 = run_seqrec(common + "--out " + eight + " --length_groups 8", 300);
+    EXPECT_TRUE(contains(r1.output, " length_groups=1")) << r1.output;
+    auto r8 = run_seqrec(common + "--out " + eight, 300);  // the CPU's default: 8
     ASSERT_EQ(r8.code, 0) << r8.output;
+    EXPECT_TRUE(contains(r8.output, " length_groups=8")) << r8.output;
     auto a = params_of(newest_checkpoint(one)), b = params_of(newest_checkpoint(eight));
     double worst = 0;
     for (auto& [n, t] : a)
@@ -516,6 +518,8 @@ TEST_F(Cli, TrainsOnCudaAsOnCpu) {
   auto b = run_seqrec(common + "--out " + gpu + " --max_steps 15 --device cuda", 300);
   ASSERT_EQ(b.code, 0) << b.output;
   EXPECT_TRUE(contains(b.output, "device=cuda:0")) << b.output;
+  EXPECT_TRUE(contains(b.output, " length_groups=1")) << b.output;  // the device's default, the CPU's 8
+  EXPECT_TRUE(contains(a.output, " length_groups=8")) << a.output;
   EXPECT_TRUE(contains(b.output, "peak GPU memory allocated=")) << b.output;
   auto pa = params_of(newest_checkpoint(cpu)), pb = params_of(newest_checkpoint(gpu));
   ASSERT_EQ(pa.size(), pb.size());
@@ -589,6 +593,7 @@ TEST_F(Cli, InvalidFlagsGetAClearErrorAndExitCode) {
       {t + "--select_metric AUC", "--select_metric"},
       {t + "--host_allocator tcmalloc", "--host_allocator must be 'caching' or 'system', got 'tcmalloc'"},
       {t + "--softmax_keep_mib -1", "--softmax_keep_mib must be >= 0"},
+      {t + "--length_groups -1", "--length_groups must be >= 0"},
       {t + "--profile_steps -2", "--profile_steps must be >= 0"},
       {t + "--profile_steps 2 --profile_after -1", "--profile_after must be >= 0"},
       {t + "--device tpu", "--device 'tpu': expected cpu, cuda or cuda:N"},
