@@ -40,8 +40,9 @@ uint64_t KeyedRng::below(uint64_t n) {
 double KeyedRng::uniform() { return (next() >> 11) * 0x1.0p-53; }
 
 int64_t examples_of(int64_t length, const LoaderOptions& options) {
-  if (!options.windows) return 1;
+  if (!options.windows && !options.prefixes) return 1;
   const int64_t transitions = train_length(length) - 1;
+  if (options.prefixes) return std::max<int64_t>(1, transitions);
   return std::max<int64_t>(1, (transitions + options.max_len - 1) / options.max_len);
 }
 
@@ -56,17 +57,20 @@ TrainLoader::TrainLoader(const UserSequences& sequences, const DatasetMeta& meta
   if (opt_.max_len <= 0) throw std::invalid_argument("max_len must be > 0");
   if (opt_.batch_size <= 0) throw std::invalid_argument("batch_size must be > 0");
   if (num_users_ <= 0) throw std::invalid_argument("dataset has no users");
+  if (opt_.windows && opt_.prefixes)
+    throw std::invalid_argument("training windows and training prefixes exclude each other");
   num_examples_ = num_users_;
-  if (opt_.windows) {
+  if (opt_.windows || opt_.prefixes) {
+    const std::string what = opt_.windows ? "training windows" : "training prefixes";
     if (static_cast<int64_t>(examples_per_user.size()) != num_users_)
-      throw std::invalid_argument("training windows need the example count of every user: got " +
+      throw std::invalid_argument(what + " need the example count of every user: got " +
                                   std::to_string(examples_per_user.size()) + " counts for " +
                                   std::to_string(num_users_) + " users");
     first_example_.assign(num_users_ + 1, 0);
     for (int64_t u = 0; u < num_users_; ++u) {
       if (examples_per_user[u] < 1)
         throw std::invalid_argument("user " + std::to_string(u) + " has " + std::to_string(examples_per_user[u]) +
-                                    " training windows (at least 1 expected)");
+                                    " " + what + " (at least 1 expected)");
       first_example_[u + 1] = first_example_[u] + examples_per_user[u];
     }
     num_examples_ = first_example_.back();
@@ -103,11 +107,12 @@ TrainBatch TrainLoader::build(Cursor at) const {
   const auto& perm = permutation(at.epoch);
   const int64_t begin = at.step * global_batch_;
   const int64_t end = std::min(begin + global_batch_, num_examples_);
-  // Example e is (user, window): window 0 holds a user's most recent transitions.
+  // Example e is (user, window): window 0 holds a user's most recent transitions (with
+  // prefixes, window w is the prefix that stops w transitions before them).
   std::vector<int64_t> mine, window;
   for (int64_t i = begin; i < end; ++i) {
     int64_t u = perm[i], w = 0;
-    if (opt_.windows) {
+    if (!first_example_.empty()) {
       u = std::upper_bound(first_example_.begin(), first_example_.end(), perm[i]) - first_example_.begin() - 1;
       w = perm[i] - first_example_[u];
     }
@@ -136,8 +141,8 @@ TrainBatch TrainLoader::build(Cursor at) const {
     const int64_t m = train_length(seqs_.length(u));
     if (m < 2) continue;  // nothing to predict
     // Transitions s[t] -> s[t+1], t < m - 1; window w holds the L of them that end w·L
-    // transitions before the most recent one, right-aligned.
-    const int64_t stop = m - 1 - window[r] * L;
+    // transitions before the most recent one (prefix w: w transitions before), right-aligned.
+    const int64_t stop = m - 1 - window[r] * (opt_.prefixes ? 1 : L);
     if (stop <= 0) continue;  // a count from another configuration: nothing in this window
     for (int64_t i = 0; i < m; ++i) seen[s[i]] = 1;
     const int64_t count = std::min<int64_t>(stop, L);
@@ -147,6 +152,7 @@ TrainBatch TrainLoader::build(Cursor at) const {
     for (int64_t j = 0; j < count; ++j) {
       const int64_t slot = r * L + (L - count + j);
       in[slot] = s[first + j];
+      if (opt_.last_target_only && j + 1 < count) continue;
       pos[slot] = s[first + j + 1];
       int64_t cand;
       int tries = 0;

@@ -47,6 +47,13 @@ struct LoaderOptions {
   // the end into windows of max_len transitions, one example per window (the released LISA
   // code trains this way); the oldest window may be shorter.
   bool windows = false;
+  // true: every prefix of each user's training history is its own example, its most recent
+  // max_len transitions right-aligned (RecBole's scheme; with the last-slot objective, how the
+  // released LinRec code trains). Not with windows.
+  bool prefixes = false;
+  // true: each example's target (and negative) at its last slot only, the others inputs alone
+  // (the last-slot objective); false: the next item at every slot.
+  bool last_target_only = false;
   int64_t batch_size = 128;  // per rank; the global batch is batch_size * world
   uint64_t seed = 42;
   int prefetch = 4;          // batches built ahead by the prefetch thread; 0 = synchronous
@@ -61,22 +68,23 @@ struct Cursor {
 struct TrainBatch {
   at::Tensor users;   // [n] int64 global user ids (n = this rank's share, may be 0)
   at::Tensor input;   // [n, L] int64, left-padded
-  at::Tensor pos;     // [n, L] next item at every slot (0 where there is none)
+  at::Tensor pos;     // [n, L] next item at every slot (0 where there is none; with
+                      // last_target_only at the last slot alone)
   at::Tensor neg;     // [n, L] one negative per target slot, never in the user's train items
   Cursor cursor;      // the position this batch was taken from
   int64_t global_batch_users = 0;  // users in the global batch (all ranks)
 };
 
-// Examples a user contributes per epoch: 1, or with windows ceil(transitions / max_len) (at
-// least 1) where transitions = train_length - 1.
+// Examples a user contributes per epoch: 1, with windows ceil(transitions / max_len), with
+// prefixes transitions (each at least 1), where transitions = train_length - 1.
 int64_t examples_of(int64_t length, const LoaderOptions& options);
 
 class TrainLoader {
  public:
   // `examples_per_user` (size meta.num_users, all ranks' users) is required with
-  // options.windows, since a rank holds the lengths of its own users only (the trainer
-  // all-reduces them); without windows it is ignored. Throws std::invalid_argument on a
-  // missing or wrongly sized vector.
+  // options.windows or options.prefixes, since a rank holds the lengths of its own users only
+  // (the trainer all-reduces them); otherwise it is ignored. Throws std::invalid_argument on a
+  // missing or wrongly sized vector, or on windows and prefixes together.
   TrainLoader(const UserSequences& sequences, const DatasetMeta& meta, LoaderOptions options, int rank,
               int world, std::vector<int64_t> examples_per_user = {});
   ~TrainLoader();
@@ -105,7 +113,7 @@ class TrainLoader {
   int64_t num_users_;
   int64_t num_items_;
   int64_t num_examples_;
-  std::vector<int64_t> first_example_;  // with windows: prefix sums of examples per user (size U + 1)
+  std::vector<int64_t> first_example_;  // with windows or prefixes: prefix sums of examples per user (size U + 1)
   LoaderOptions opt_;
   int rank_, world_;
   int64_t global_batch_;

@@ -47,6 +47,10 @@ DEFINE_int64(max_len, 200, "most recent items kept per sequence");
 DEFINE_bool(train_windows, false,
             "train on every transition: each user's training history cut from the end into windows of "
             "max_len, one example each (false: only the most recent max_len per user and epoch)");
+DEFINE_bool(train_prefixes, false,
+            "train on every prefix of each user's training history as its own example, its most recent "
+            "max_len transitions (RecBole's scheme: as many examples per epoch as transitions; not with "
+            "--train_windows)");
 DEFINE_int64(hidden, 50, "hidden size d");
 DEFINE_int64(blocks, 2, "attention blocks");
 DEFINE_int64(heads, 1, "attention heads");
@@ -56,7 +60,9 @@ DEFINE_int64(ffn_inner, 0, "FFN hidden width; 0 = --hidden");
 DEFINE_string(ffn_activation, "relu", "FFN activation: relu | gelu");
 DEFINE_string(objective, "causal",
               "causal (next item at every slot) | cloze (BERT4Rec-style masked items, bidirectional; "
-              "sasrec and flash4rec)");
+              "sasrec, flash4rec and linrec) | last (each example scored at its last slot only, bidirectional "
+              "within it: with --train_prefixes, how RecBole and the released LinRec code train; sasrec, "
+              "flash4rec and linrec)");
 DEFINE_double(mask_prob, 0.2, "cloze objective: probability that a training item is masked");
 DEFINE_int64(interests, 20, "lightsans: latent interests k per layer");
 DEFINE_string(lightsans_position, "decoupled",
@@ -178,7 +184,7 @@ const std::map<std::string, Subcommand>& subcommands() {
        {"train a model (data parallel under mpirun), validate, checkpoint, test the selected model",
         train_flags({"data", "out"}, {"mask_prob", "loss", "lr",
          "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm", "warmup_steps", "epochs", "batch_size",
-         "train_windows", "eval_every",
+         "train_windows", "train_prefixes", "eval_every",
          "patience", "select_metric", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",
          "full_ranking", "eval_batch", "resume", "checkpoint_every", "keep_checkpoints", "expert_parallel", "replica_check_every", "max_steps",
          "final_test", "log_every", "prefetch", "length_groups", "softmax_keep_mib", "profile_steps",

@@ -36,6 +36,7 @@ DECLARE_string(model);
 // through the table; only the ones the launcher uses directly are declared here.
 DECLARE_int64(max_len);
 DECLARE_bool(train_windows);
+DECLARE_bool(train_prefixes);
 DECLARE_string(loss);
 DECLARE_double(mask_prob);
 DECLARE_double(lr);

@@ -216,7 +216,9 @@ int cmd_train(dist::Comm& comm) {
   o.allocator = allocator_description();
   o.model = model_options_from_flags();
   o.loader.max_len = FLAGS_max_len;
+  require(!(FLAGS_train_windows && FLAGS_train_prefixes), "--train_windows and --train_prefixes exclude each other");
   o.loader.windows = FLAGS_train_windows;
+  o.loader.prefixes = FLAGS_train_prefixes;
   o.loader.batch_size = FLAGS_batch_size;
   o.loader.seed = FLAGS_seed;
   o.loader.prefetch = FLAGS_prefetch;

@@ -12,7 +12,7 @@ namespace seqrec::models {
 // Per-call context shared by every layer of one forward pass.
 struct AttentionContext {
   at::Tensor key_padding;  // [B, L] bool, true at padded slots
-  bool causal = true;      // false under the cloze objective: every slot sees every real slot
+  bool causal = true;      // false under the cloze and last objectives: every slot sees every real slot
   UserInput users;         // the rows' users (may be empty)
   at::Tensor user;         // [B, Du] the backbone's user representation, when it has a user encoder
   at::Tensor bias;         // optional precomputed causal/padding mask (softmax attention)
@@ -25,7 +25,7 @@ struct AttentionContext {
 class AttentionModuleImpl : public torch::nn::Module {
  public:
   // x [B, L, D] -> [B, L, D]; causal unless !ctx.causal (modules that cannot attend
-  // bidirectionally are refused the cloze objective by validate()); a padded slot never
+  // bidirectionally are refused the cloze and last objectives by validate()); a padded slot never
   // changes a real slot's output.
   virtual at::Tensor forward(const at::Tensor& x, AttentionContext& ctx) = 0;
   // The output at the last slot only, [B, D]; variants override it to skip work.

@@ -1,6 +1,8 @@
 // LinRec (Liu et al., SIGIR'23): the backbone's softmax attention replaced by ELU + L2-normalised
-// linear attention, (KᵀV) first: O(L·d²) per layer. Trained SASRec-style, so every block uses the
-// causal prefix-sum form; the last slot equals the paper's global form over the whole sequence.
+// linear attention, (KᵀV) first: O(L·d²) per layer. Trained SASRec-style (the causal objective)
+// every block uses the causal prefix-sum form, whose last slot equals the paper's global form over
+// the whole sequence; under the last-slot objective (each example a prefix scored at its last
+// slot, as the released code trains) and the cloze objective every block uses the global form.
 #include <cmath>
 
 #include "models/backbone.h"
@@ -17,10 +19,10 @@ class LinrecAttentionImpl : public AttentionModuleImpl {
   }
 
   at::Tensor forward(const at::Tensor& x, AttentionContext& ctx) override {
-    return attend(x, ctx, ops::LinrecForm::kCausal);
+    return attend(x, ctx, ctx.causal ? ops::LinrecForm::kCausal : ops::LinrecForm::kGlobal);
   }
 
-  // The causal form's last slot sees every real key: the global form gives it without the
+  // The last slot sees every real key in either form: the global form gives it without the
   // per-chunk prefix work.
   at::Tensor forward_last(const at::Tensor& x, AttentionContext& ctx) override {
     return attend(x, ctx, ops::LinrecForm::kGlobal).select(1, x.size(1) - 1);

@@ -72,10 +72,11 @@ void validate(const ModelOptions& o) {
   if (o.ffn_inner < 0) fail("ffn_inner must be >= 0 (0 = hidden), got " + std::to_string(o.ffn_inner));
   if (o.ffn_activation != "relu" && o.ffn_activation != "gelu")
     fail("unknown ffn_activation '" + o.ffn_activation + "' (known: relu, gelu)");
-  if (o.objective != "causal" && o.objective != "cloze")
-    fail("unknown objective '" + o.objective + "' (known: causal, cloze)");
-  if (o.objective == "cloze" && o.model != "sasrec" && o.model != "flash4rec")
-    fail("objective cloze needs bidirectional attention: model sasrec or flash4rec, not " + o.model);
+  if (o.objective != "causal" && o.objective != "cloze" && o.objective != "last")
+    fail("unknown objective '" + o.objective + "' (known: causal, cloze, last)");
+  if (o.objective != "causal" && o.model != "sasrec" && o.model != "flash4rec" && o.model != "linrec")
+    fail("objective " + o.objective + " needs bidirectional attention: model sasrec, flash4rec or linrec, not " +
+         o.model);
   if (o.model == "lightsans") {
     if (o.interests <= 0) fail("interests (LightSANs k) must be > 0, got " + std::to_string(o.interests));
     if (o.lightsans_position != "decoupled" && o.lightsans_position != "absolute")

@@ -22,7 +22,8 @@ struct ModelOptions {
   int64_t num_users = 0;
   std::vector<int64_t> user_feature_cardinalities;  // per categorical feature; empty = none
   // causal: next-item prediction at every slot; cloze: BERT4Rec-style masked items with
-  // bidirectional attention (one extra [mask] item row, id num_items + 1).
+  // bidirectional attention (one extra [mask] item row, id num_items + 1); last: the next item
+  // at each example's last slot only, with bidirectional attention within the example.
   std::string objective = "causal";
   int64_t max_len = 200;
   int64_t hidden = 50;

@@ -356,6 +356,7 @@ TensorBundle make_snapshot(models::SequenceModel& model, const Adam& adam, const
   b.meta["world_size"] = std::to_string(world);
   b.meta["global_batch"] = std::to_string(o.loader.batch_size * world);
   b.meta["train_windows"] = o.loader.windows ? "true" : "false";
+  b.meta["train_prefixes"] = o.loader.prefixes ? "true" : "false";
   return b;
 }
 
@@ -518,9 +519,10 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
   // Experts are initialised from their global ids, identical wherever they live.
   dist::broadcast_parameters(comm, replicated, 0);
   Adam adam(named, o.adam);
-  // Training windows: every rank needs every user's example count; each knows its own users'.
+  // Training windows or prefixes: every rank needs every user's example count; each knows its
+  // own users'.
   std::vector<int64_t> examples_per_user;
-  if (o.loader.windows) {
+  if (o.loader.windows || o.loader.prefixes) {
     auto counts = torch::zeros({meta.num_users}, torch::kFloat64);  // exact below 2^53
     auto* c = counts.data_ptr<double>();
     for (int64_t u = seqs.user_begin; u < seqs.user_end; ++u)
@@ -529,7 +531,11 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
     examples_per_user.resize(meta.num_users);
     for (int64_t u = 0; u < meta.num_users; ++u) examples_per_user[u] = std::llround(c[u]);
   }
-  io::TrainLoader loader(seqs, meta, o.loader, rank, world, std::move(examples_per_user));
+  // The last-slot objective attends both ways within an example, so every slot but the last
+  // sees its own target: only the last slot is one.
+  io::LoaderOptions loader_options = o.loader;
+  loader_options.last_target_only = mo.objective == "last";
+  io::TrainLoader loader(seqs, meta, loader_options, rank, world, std::move(examples_per_user));
   std::vector<double> popularity;
   if (o.select_protocol.popularity) popularity = item_popularity(seqs, meta, comm);
 
@@ -569,12 +575,15 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
     p.bad_evals = std::stoll(s.value("bad_evals"));
     p.train_seconds = std::stod(s.value("train_seconds"));
     io::Cursor c{std::stoll(s.value("cursor_epoch")), std::stoll(s.value("cursor_step"))};
-    // The cursor indexes an epoch's examples, which windows change: no silent remapping.
-    const bool saved_windows = s.meta.count("train_windows") && s.value("train_windows") == "true";
-    if (saved_windows != o.loader.windows)
-      throw std::runtime_error(*resume_from + " was trained " + (saved_windows ? "with" : "without") +
-                               " --train_windows; resume it " + (saved_windows ? "with" : "without") +
-                               " the flag (or start a new --out)");
+    // The cursor indexes an epoch's examples, which windows and prefixes change: no silent
+    // remapping.
+    for (const auto& [key, now] : {std::pair<std::string, bool>{"train_windows", o.loader.windows},
+                                   std::pair<std::string, bool>{"train_prefixes", o.loader.prefixes}}) {
+      const bool saved = s.meta.count(key) && s.value(key) == "true";
+      if (saved != now)
+        throw std::runtime_error(*resume_from + " was trained " + (saved ? "with" : "without") + " --" + key +
+                                 "; resume it " + (saved ? "with" : "without") + " the flag (or start a new --out)");
+    }
     // The cursor counts global batches of the saved run's size: with another global batch
     // (world size or per-rank batch changed) continue the epoch from the same example offset.
     // Checkpoints written before the key existed held the per-rank batch of this configuration.
@@ -613,7 +622,10 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
            std::to_string(mo.max_len) + " hidden=" + std::to_string(mo.hidden) + " blocks=" +
            std::to_string(mo.blocks) + " heads=" + std::to_string(mo.heads) + " loss=" + o.loss +
            " batch/rank=" + std::to_string(o.loader.batch_size) +
-           (o.loader.windows ? " examples=windows of max_len" : " examples=one per user") + " steps/epoch=" +
+           (o.loader.windows    ? " examples=windows of max_len"
+            : o.loader.prefixes ? " examples=every prefix"
+                                : " examples=one per user") +
+           " steps/epoch=" +
            std::to_string(loader.steps_per_epoch()) + " length_groups=" + std::to_string(o.length_groups));
   log.line("[setup] model selection: valid " + o.select_metric + " under \"" + o.select_protocol.describe() + "\"");
   if (fault.step > 0) {

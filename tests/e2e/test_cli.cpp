@@ -238,6 +238,37 @@ TEST_F(Cli, TrainWindowsResumeExactlyAndMustMatch) {
   EXPECT_TRUE(contains(r.output, "without --train_windows") || contains(r.output, "with --train_windows")) << r.output;
 }
 
+// --train_prefixes with the last-slot objective (RecBole's and the released LinRec code's
+// training): every prefix an example, more steps per epoch than windows give, resumed exactly,
+// validated and tested; a checkpoint resumed without the flag is refused by name.
+TEST_F(Cli, TrainPrefixesWithTheLastObjective) {
+  const std::string a = dir("prefixes-a"), b = dir("prefixes-b");
+  const std::string common = "train --data " + data() + " " + kTrainSmall +
+                             "--model linrec --objective last --epochs 5 --final_test=false --max_len 6 --train_prefixes ";
+  ASSERT_NO_FATAL_FAILURE(train_whole_and_resumed(common, a, b, 5, 12));
+  auto pa = params_of(newest_checkpoint(a)), pb = params_of(newest_checkpoint(b));
+  ASSERT_FALSE(pa.empty());
+  for (auto& [n, t] : pa) EXPECT_TRUE(torch::equal(t, pb.at(n))) << n << " differs after resume";
+  auto steps_per_epoch = [](const std::string& out) {
+    const auto p = out.find("steps/epoch=");
+    return p == std::string::npos ? -1 : std::stoi(out.substr(p + 12));
+  };
+  auto p = run_seqrec("train --data " + data() + " " + kTrainSmall + "--model linrec --objective last --max_len 6 "
+                      "--train_prefixes --epochs 1 --out " + dir("prefixes-c"), 300);
+  auto w = run_seqrec("train --data " + data() + " " + kTrainSmall + "--max_len 6 --train_windows --max_steps 1 "
+                      "--final_test=false --out " + dir("prefixes-d"), 300);
+  ASSERT_EQ(p.code, 0) << p.output;
+  ASSERT_EQ(w.code, 0) << w.output;
+  EXPECT_TRUE(contains(p.output, "examples=every prefix")) << p.output;
+  EXPECT_TRUE(contains(p.output, "split=valid")) << p.output;
+  EXPECT_TRUE(contains(p.output, "split=test")) << p.output;
+  EXPECT_GT(steps_per_epoch(p.output), steps_per_epoch(w.output)) << p.output << w.output;
+  auto r = run_seqrec("train --data " + data() + " " + kTrainSmall + "--model linrec --objective last --epochs 5 "
+                      "--final_test=false --max_len 6 --max_steps 14 --resume auto --out " + b, 300);
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(contains(r.output, "with --train_prefixes")) << r.output;
+}
+
 TEST_F(Cli, LengthGroupsChangeTheWorkNotTheResult) {
   // Dropout off and Adam eps 1 (updates smooth in the gradient): slicing a batch by length
   // only reorders fp32 sums, ~1e-7 relative; a dropped or mis-aligned row would move
@@ -580,7 +611,9 @@ TEST_F(Cli, InvalidFlagsGetAClearErrorAndExitCode) {
       {t + "--model routing --routing_decay 1", "routing_decay must be in (0, 1)"},
       {t + "--routing_clusters 8", "--routing_clusters applies to --model routing only"},
       {t + "--replica_check_every -1", "--replica_check_every must be >= 0"},
-      {t + "--model linrec --objective cloze", "objective cloze needs bidirectional attention"},
+      {t + "--model lisa --objective last", "objective last needs bidirectional attention"},
+      {t + "--model routing --objective cloze", "objective cloze needs bidirectional attention"},
+      {t + "--train_windows --train_prefixes", "--train_windows and --train_prefixes exclude each other"},
       {t + "--objective bert", "unknown objective 'bert'"},
       {t + "--model flash4rec", "flash_user features: the dataset has no user features"},
       {t + "--model flash4rec --flash_user zero --moe_experts 3 --moe_top_k 4", "moe_top_k must be in [1, moe_experts = 3]"},

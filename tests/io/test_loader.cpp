@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "io/loader.h"
 
@@ -186,6 +188,66 @@ TEST(TrainLoader, WindowsTrainEveryTransitionOncePerEpoch) {
   // Without windows only the most recent 6 transitions of each user are trained on.
   TrainLoader recent(seqs, make_meta(U, N), opts(5), 0, 1);
   EXPECT_EQ(recent.steps_per_epoch(), 5);
+}
+
+// Prefixes (RecBole's scheme): one example per training transition, each the user's history up
+// to it, its most recent max_len transitions right-aligned; with last_target_only the target and
+// negative stand at the last slot alone. Every prefix once per epoch, nothing of its future in it.
+TEST(TrainLoader, PrefixesTrainEveryPrefixOncePerEpoch) {
+  const int64_t U = 23, N = 40, L = 6;
+  auto seqs = make_users(0, U, N);
+  auto o = opts(5);
+  o.prefixes = true;
+  o.last_target_only = true;
+  const auto counts = window_counts(seqs, o);
+  int64_t examples = 0;
+  for (int64_t u = 0; u < U; ++u) {
+    EXPECT_EQ(counts[u], std::max<int64_t>(1, train_length(u + 1) - 1)) << "user " << u;
+    examples += counts[u];
+  }
+  TrainLoader loader(seqs, make_meta(U, N), o, 0, 1, counts);
+  EXPECT_EQ(loader.steps_per_epoch(), (examples + 4) / 5);
+  std::map<int64_t, std::multiset<std::vector<int64_t>>> trained;  // user -> (input row..., target)
+  for (int64_t step = 0; step < loader.steps_per_epoch(); ++step) {
+    auto b = loader.next();
+    for (int64_t r = 0; r < b.users.size(0); ++r) {
+      const auto pos = b.pos[r], neg = b.neg[r];
+      EXPECT_EQ(pos.narrow(0, 0, L - 1).abs().sum().item<int64_t>(), 0) << "a target before the last slot";
+      EXPECT_EQ(neg.narrow(0, 0, L - 1).abs().sum().item<int64_t>(), 0) << "a negative before the last slot";
+      if (pos[L - 1].item<int64_t>() == 0) continue;  // a user with nothing to predict
+      EXPECT_NE(neg[L - 1].item<int64_t>(), 0);
+      std::vector<int64_t> row(b.input[r].data_ptr<int64_t>(), b.input[r].data_ptr<int64_t>() + L);
+      row.push_back(pos[L - 1].item<int64_t>());
+      trained[b.users[r].item<int64_t>()].insert(row);
+    }
+  }
+  EXPECT_EQ(loader.cursor().epoch, 1);
+  for (int64_t u = 0; u < U; ++u) {
+    const int32_t* s = seqs.items_of(u);
+    std::multiset<std::vector<int64_t>> want;
+    for (int64_t t = 0; t + 1 < train_length(seqs.length(u)); ++t) {  // the prefix s[0..t] -> s[t + 1]
+      std::vector<int64_t> row(L, 0);
+      for (int64_t j = 0; j < L && t - j >= 0; ++j) row[L - 1 - j] = s[t - j];
+      row.push_back(s[t + 1]);
+      want.insert(row);
+    }
+    EXPECT_EQ(trained[u], want) << "user " << u << ": every prefix exactly once";
+  }
+  // Windows and prefixes together are refused by name.
+  o.windows = true;
+  try {
+    TrainLoader both(seqs, make_meta(U, N), o, 0, 1, counts);
+    ADD_FAILURE() << "windows and prefixes together were accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("windows and training prefixes exclude each other"), std::string::npos)
+        << e.what();
+  }
+  // Without last_target_only a prefix example holds the next item at every real slot.
+  o.windows = false;
+  o.last_target_only = false;
+  TrainLoader every(seqs, make_meta(U, N), o, 0, 1, counts);
+  auto b = every.next();
+  EXPECT_EQ(b.pos.ne(0).sum().item<int64_t>(), b.input.ne(0).sum().item<int64_t>());
 }
 
 TEST(TrainLoader, WindowsGiveTheSameExamplesAtAnyWorldSize) {

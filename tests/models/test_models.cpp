@@ -326,6 +326,51 @@ TEST(ClozeObjective, SasrecAttendsBothWaysAndNeverScoresTheMask) {
   EXPECT_THROW(validate(o), std::invalid_argument);
 }
 
+// The last-slot objective: bidirectional attention within an example and no [mask] row. LinRec
+// then runs its global form in every block (a later item changes an earlier slot's output), and
+// its last slot is the same whether computed with the rest or alone; models that attend only
+// causally are refused it by name.
+TEST(LastObjective, LinrecAttendsBothWaysAndScoresTheLastSlot) {
+  ModelOptions o;
+  o.model = "linrec";
+  o.num_items = 30;
+  o.max_len = 12;
+  o.hidden = 8;
+  o.heads = 2;
+  o.dropout = 0;
+  auto causal = make_model(o);
+  o.objective = "last";
+  auto m = make_model(o);
+  causal->set_training(false);
+  m->set_training(false);
+  torch::NoGradGuard g;
+  EXPECT_EQ(m->item_embeddings().size(0), 31) << "no [mask] row";
+  auto a = seq({3, 5, 7, 4}, 12), b = seq({3, 5, 9, 4}, 12);
+  auto ha = m->encode(a), hb = m->encode(b);
+  EXPECT_FALSE(torch::allclose(ha.select(1, 9), hb.select(1, 9))) << "slot 1 must see slot 2";
+  EXPECT_TRUE(torch::allclose(m->encode_last(a), ha.select(1, 11), 1e-5, 1e-6));
+  EXPECT_EQ(ha.narrow(1, 0, 8).abs().sum().item<double>(), 0.0) << "padded slots stay zero";
+  auto ca = causal->encode(a), cb = causal->encode(b);
+  EXPECT_TRUE(torch::equal(ca.select(1, 9), cb.select(1, 9))) << "the causal objective's slot 1 must not";
+  o.flash_user = "zero";
+  for (const char* objective : {"last", "cloze"}) {
+    o.objective = objective;
+    for (const char* model : {"sasrec", "flash4rec", "linrec"}) {
+      o.model = model;
+      EXPECT_NO_THROW(validate(o)) << model << " " << objective;
+    }
+    for (const char* model : {"lisa", "lightsans", "routing"}) {
+      o.model = model;
+      try {
+        validate(o);
+        ADD_FAILURE() << model << " accepted objective " << objective;
+      } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find("needs bidirectional attention"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
 // FLASH4Rec's user-aware gate: the rows' user features change the output (and the item-only gate
 // ignores them); a batch without the features the model was built for is refused by name.
 TEST(Flash4rec, UserFeaturesReachTheGate) {
