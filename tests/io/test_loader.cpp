@@ -250,29 +250,35 @@ TEST(TrainLoader, PrefixesTrainEveryPrefixOncePerEpoch) {
   EXPECT_EQ(b.pos.ne(0).sum().item<int64_t>(), b.input.ne(0).sum().item<int64_t>());
 }
 
-TEST(TrainLoader, WindowsGiveTheSameExamplesAtAnyWorldSize) {
+// Windows, and prefixes with their last-slot targets: the same examples at any world size.
+TEST(TrainLoader, WindowsAndPrefixesGiveTheSameExamplesAtAnyWorldSize) {
   const int64_t U = 23, N = 40;
-  auto o = opts(6);
-  o.windows = true;
-  auto all = make_users(0, U, N);
-  const auto counts = window_counts(all, o);
-  TrainLoader one(all, make_meta(U, N), o, 0, 1, counts);
-  for (int world : {2, 3}) {
-    auto ro = o;
-    ro.batch_size = 6 / world;
-    std::vector<UserSequences> parts;
-    for (int r = 0; r < world; ++r) parts.push_back(make_users(U * r / world, U * (r + 1) / world, N));
-    std::vector<std::unique_ptr<TrainLoader>> loaders;
-    for (int r = 0; r < world; ++r)
-      loaders.push_back(std::make_unique<TrainLoader>(parts[r], make_meta(U, N), ro, r, world, counts));
-    for (int64_t step = 0; step < one.steps_per_epoch(); ++step) {
-      std::vector<std::vector<int64_t>> got;
-      for (auto& l : loaders) {
-        auto part = sorted_rows(l->build({1, step}));
-        got.insert(got.end(), part.begin(), part.end());
+  for (bool prefixes : {false, true}) {
+    auto o = opts(6);
+    o.windows = !prefixes;
+    o.prefixes = prefixes;
+    o.last_target_only = prefixes;
+    auto all = make_users(0, U, N);
+    const auto counts = window_counts(all, o);
+    TrainLoader one(all, make_meta(U, N), o, 0, 1, counts);
+    for (int world : {2, 3}) {
+      auto ro = o;
+      ro.batch_size = 6 / world;
+      std::vector<UserSequences> parts;
+      for (int r = 0; r < world; ++r) parts.push_back(make_users(U * r / world, U * (r + 1) / world, N));
+      std::vector<std::unique_ptr<TrainLoader>> loaders;
+      for (int r = 0; r < world; ++r)
+        loaders.push_back(std::make_unique<TrainLoader>(parts[r], make_meta(U, N), ro, r, world, counts));
+      for (int64_t step = 0; step < one.steps_per_epoch(); ++step) {
+        std::vector<std::vector<int64_t>> got;
+        for (auto& l : loaders) {
+          auto part = sorted_rows(l->build({1, step}));
+          got.insert(got.end(), part.begin(), part.end());
+        }
+        std::sort(got.begin(), got.end());
+        EXPECT_EQ(got, sorted_rows(one.build({1, step}))) << "world " << world << " step " << step
+                                                          << (prefixes ? " (prefixes)" : " (windows)");
       }
-      std::sort(got.begin(), got.end());
-      EXPECT_EQ(got, sorted_rows(one.build({1, step}))) << "world " << world << " step " << step;
     }
   }
 }
