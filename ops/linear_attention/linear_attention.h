@@ -28,6 +28,12 @@ at::Tensor causal_linear_attention(const at::Tensor& q, const at::Tensor& k, con
 at::Tensor causal_linear_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                              int64_t chunk = 64);
 
+// out[t] = sum_s (q[t] · k[s]) v[s] over every slot s (the non-causal product, LinRec's global
+// form): on the CPU (float, double) a fused kernel, sequence by sequence, with a hand-written
+// backward; elsewhere global_linear_attention_reference, q (kᵀ v) as two batched products.
+at::Tensor global_linear_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+at::Tensor global_linear_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
 // The argument checks both run (throws c10::Error naming the bad shape or chunk).
 void check_linear_attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t chunk);
 

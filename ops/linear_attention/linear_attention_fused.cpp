@@ -12,6 +12,8 @@
 // backward. A slot's output reads only slots <= t, in the same order whatever follows, so a
 // later slot cannot change an earlier output even by rounding.
 //
+// The global form (every slot combines every slot) runs the same way, below.
+//
 // On x86-64 the loops are compiled twice, for the baseline and for AVX2 + FMA, and the second is
 // taken when the CPU has both. Against the chunked reference: 3x at B 128, L 200, Dh 50, forward
 // and backward, 1 thread (docs/benchmarks.md).
@@ -106,16 +108,111 @@ __attribute__((always_inline)) inline void backward_seq(const T* __restrict__ q,
   }
 }
 
-#if SEQREC_LINATTN_X86
+// The global (non-causal) form, out[t] = q[t]ᵀ S with S = sum over every slot of k[s] vᵀ[s]:
+//     forward:  S = sum_s k[s] vᵀ[s];  out[t] = q[t]ᵀ S
+//     backward: gq[t] = S gout[t];  G = sum_t q[t] goutᵀ[t];  gk[s] = G v[s];  gv[s] = Gᵀ k[s]
+// 2·Dk·Dv multiply-adds per slot forward and 5 backward (S recomputed), one pass over a row of
+// S or G per key feature; in place of the two batched products per (sequence, head) whose
+// per-matrix dispatch dominates at LinRec's head widths on the CPU.
 template <typename T>
+__attribute__((always_inline)) inline void outer_sum(const T* __restrict__ a, const T* __restrict__ b,
+                                                     T* __restrict__ S, int64_t L, int64_t Da, int64_t Db) {
+  std::fill(S, S + Da * Db, T(0));
+  for (int64_t t = 0; t < L; ++t) {
+    const T* at_ = a + t * Da;
+    const T* bt = b + t * Db;
+    for (int64_t i = 0; i < Da; ++i) {
+      const T ai = at_[i];
+      T* __restrict__ row = S + i * Db;
+#pragma omp simd
+      for (int64_t j = 0; j < Db; ++j) row[j] += ai * bt[j];
+    }
+  }
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void global_forward_seq(const T* __restrict__ q, const T* __restrict__ k,
+                                                              const T* __restrict__ v, T* __restrict__ out,
+                                                              T* __restrict__ S, int64_t L, int64_t Dk, int64_t Dv) {
+  outer_sum(k, v, S, L, Dk, Dv);
+  for (int64_t t = 0; t < L; ++t) {
+    const T* qt = q + t * Dk;
+    T* __restrict__ ot = out + t * Dv;
+    std::fill(ot, ot + Dv, T(0));
+    for (int64_t i = 0; i < Dk; ++i) {
+      const T qi = qt[i];
+      const T* __restrict__ row = S + i * Dv;
+#pragma omp simd
+      for (int64_t j = 0; j < Dv; ++j) ot[j] += qi * row[j];
+    }
+  }
+}
+
+// S holds 2·Dk·Dv: S, then G.
+template <typename T>
+__attribute__((always_inline)) inline void global_backward_seq(const T* __restrict__ q, const T* __restrict__ k,
+                                                               const T* __restrict__ v, const T* __restrict__ g,
+                                                               T* __restrict__ gq, T* __restrict__ gk,
+                                                               T* __restrict__ gv, T* __restrict__ S, int64_t L,
+                                                               int64_t Dk, int64_t Dv) {
+  T* __restrict__ G = S + Dk * Dv;
+  outer_sum(k, v, S, L, Dk, Dv);
+  outer_sum(q, g, G, L, Dk, Dv);
+  for (int64_t t = 0; t < L; ++t) {
+    const T* kt = k + t * Dk;
+    const T* vt = v + t * Dv;
+    const T* gt = g + t * Dv;
+    T* gqt = gq + t * Dk;
+    T* gkt = gk + t * Dk;
+    T* __restrict__ gvt = gv + t * Dv;
+    std::fill(gvt, gvt + Dv, T(0));
+    for (int64_t i = 0; i < Dk; ++i) {
+      const T ki = kt[i];
+      const T* __restrict__ srow = S + i * Dv;
+      const T* __restrict__ grow = G + i * Dv;
+      T aq = 0, ak = 0;
+#pragma omp simd reduction(+ : aq, ak)
+      for (int64_t j = 0; j < Dv; ++j) {
+        aq += srow[j] * gt[j];
+        ak += grow[j] * vt[j];
+        gvt[j] += ki * grow[j];
+      }
+      gqt[i] = aq;
+      gkt[i] = ak;
+    }
+  }
+}
+
+// Scratch elements per sequence of either form's passes.
+inline int64_t scratch_elements(bool global, int64_t Dk, int64_t Dv) { return (global ? 2 : 1) * Dk * Dv; }
+
+template <typename T, bool kGlobal>
+__attribute__((always_inline)) inline void forward_any(const T* q, const T* k, const T* v, T* out, T* S, int64_t L,
+                                                       int64_t Dk, int64_t Dv) {
+  if (kGlobal)
+    global_forward_seq(q, k, v, out, S, L, Dk, Dv);
+  else
+    forward_seq(q, k, v, out, S, L, Dk, Dv);
+}
+template <typename T, bool kGlobal>
+__attribute__((always_inline)) inline void backward_any(const T* q, const T* k, const T* v, const T* g, T* gq, T* gk,
+                                                        T* gv, T* S, int64_t L, int64_t Dk, int64_t Dv) {
+  if (kGlobal)
+    global_backward_seq(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
+  else
+    backward_seq(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
+}
+
+#if SEQREC_LINATTN_X86
+template <typename T, bool kGlobal>
 SEQREC_LINATTN_AVX2 void forward_avx2(const T* q, const T* k, const T* v, T* out, T* S, int64_t L, int64_t Dk,
                                       int64_t Dv) {
-  forward_seq(q, k, v, out, S, L, Dk, Dv);
+  forward_any<T, kGlobal>(q, k, v, out, S, L, Dk, Dv);
 }
-template <typename T>
+template <typename T, bool kGlobal>
 SEQREC_LINATTN_AVX2 void backward_avx2(const T* q, const T* k, const T* v, const T* g, T* gq, T* gk, T* gv, T* S,
                                        int64_t L, int64_t Dk, int64_t Dv) {
-  backward_seq(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
+  backward_any<T, kGlobal>(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
 }
 bool have_avx2() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -123,23 +220,26 @@ bool have_avx2() {
 }
 #endif
 
-template <typename T>
+template <typename T, bool kGlobal>
 void forward_one(const T* q, const T* k, const T* v, T* out, T* S, int64_t L, int64_t Dk, int64_t Dv) {
 #if SEQREC_LINATTN_X86
-  if (have_avx2()) return forward_avx2(q, k, v, out, S, L, Dk, Dv);
+  if (have_avx2()) return forward_avx2<T, kGlobal>(q, k, v, out, S, L, Dk, Dv);
 #endif
-  forward_seq(q, k, v, out, S, L, Dk, Dv);
+  forward_any<T, kGlobal>(q, k, v, out, S, L, Dk, Dv);
 }
-template <typename T>
+template <typename T, bool kGlobal>
 void backward_one(const T* q, const T* k, const T* v, const T* g, T* gq, T* gk, T* gv, T* S, int64_t L,
                   int64_t Dk, int64_t Dv) {
 #if SEQREC_LINATTN_X86
-  if (have_avx2()) return backward_avx2(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
+  if (have_avx2()) return backward_avx2<T, kGlobal>(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
 #endif
-  backward_seq(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
+  backward_any<T, kGlobal>(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
 }
 
-class CausalLinearAttentionFused : public torch::autograd::Function<CausalLinearAttentionFused> {
+// Either form on the CPU, sequence by sequence (kGlobal: every slot sees every slot); Self names
+// the autograd node.
+template <bool kGlobal, class Self>
+class LinearAttentionFused : public torch::autograd::Function<Self> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
                                const at::Tensor& v_in) {
@@ -150,10 +250,10 @@ class CausalLinearAttentionFused : public torch::autograd::Function<CausalLinear
       const auto *qp = q.data_ptr<scalar_t>(), *kp = k.data_ptr<scalar_t>(), *vp = v.data_ptr<scalar_t>();
       auto* op = out.data_ptr<scalar_t>();
       at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-        std::vector<scalar_t> S(Dk * Dv);
+        std::vector<scalar_t> S(scratch_elements(kGlobal, Dk, Dv));
         for (int64_t s = begin; s < end; ++s)
-          forward_one<scalar_t>(qp + s * L * Dk, kp + s * L * Dk, vp + s * L * Dv, op + s * L * Dv, S.data(), L,
-                                Dk, Dv);
+          forward_one<scalar_t, kGlobal>(qp + s * L * Dk, kp + s * L * Dk, vp + s * L * Dv, op + s * L * Dv, S.data(),
+                                         L, Dk, Dv);
       });
     });
     ctx->save_for_backward({q, k, v});
@@ -171,15 +271,22 @@ class CausalLinearAttentionFused : public torch::autograd::Function<CausalLinear
                  *gp = g.data_ptr<scalar_t>();
       auto *gqp = gq.data_ptr<scalar_t>(), *gkp = gk.data_ptr<scalar_t>(), *gvp = gv.data_ptr<scalar_t>();
       at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-        std::vector<scalar_t> S(Dk * Dv);
+        std::vector<scalar_t> S(scratch_elements(kGlobal, Dk, Dv));
         for (int64_t s = begin; s < end; ++s)
-          backward_one<scalar_t>(qp + s * L * Dk, kp + s * L * Dk, vp + s * L * Dv, gp + s * L * Dv,
-                                 gqp + s * L * Dk, gkp + s * L * Dk, gvp + s * L * Dv, S.data(), L, Dk, Dv);
+          backward_one<scalar_t, kGlobal>(qp + s * L * Dk, kp + s * L * Dk, vp + s * L * Dv, gp + s * L * Dv,
+                                          gqp + s * L * Dk, gkp + s * L * Dk, gvp + s * L * Dv, S.data(), L, Dk, Dv);
       });
     });
     return {gq, gk, gv};
   }
 };
+class CausalLinearAttentionFused : public LinearAttentionFused<false, CausalLinearAttentionFused> {};
+class GlobalLinearAttentionFused : public LinearAttentionFused<true, GlobalLinearAttentionFused> {};
+
+// The CPU kernels take float and double on the CPU, unless --fused_kernels=false.
+bool cpu_kernel_takes(const at::Tensor& q) {
+  return fused_kernels() && q.device().is_cpu() && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble);
+}
 
 #if SEQREC_HAVE_CUDA
 // The same product on a CUDA device: linear_attention.cu's kernel forward, and three runs of it
@@ -238,11 +345,16 @@ at::Tensor causal_linear_attention(const at::Tensor& q, const at::Tensor& k, con
     return CausalLinearAttentionCuda::apply(q, k, v)[0];
   }
 #endif
-  const bool fused = fused_kernels() && q.device().is_cpu() &&
-                     (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble);
-  if (!fused) return causal_linear_attention_reference(q, k, v, chunk);
+  if (!cpu_kernel_takes(q)) return causal_linear_attention_reference(q, k, v, chunk);
   if (empty) return torch::zeros({q.size(0), q.size(1), q.size(2), v.size(3)}, v.options());
   return CausalLinearAttentionFused::apply(q, k, v)[0];
+}
+
+at::Tensor global_linear_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  check_linear_attention_args(q, k, v, /*chunk=*/1);
+  if (!cpu_kernel_takes(q)) return global_linear_attention_reference(q, k, v);
+  if (q.numel() == 0 || v.numel() == 0) return torch::zeros({q.size(0), q.size(1), q.size(2), v.size(3)}, v.options());
+  return GlobalLinearAttentionFused::apply(q, k, v)[0];
 }
 
 }  // namespace seqrec::ops

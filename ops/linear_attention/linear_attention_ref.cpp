@@ -30,6 +30,11 @@ void check_linear_attention_args(const at::Tensor& q, const at::Tensor& k, const
   TORCH_CHECK(chunk > 0, "chunk must be > 0, got ", chunk);
 }
 
+at::Tensor global_linear_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  check_qkv(q, k, v);
+  return torch::matmul(q, torch::matmul(k.transpose(-2, -1), v));
+}
+
 at::Tensor causal_linear_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                              int64_t chunk) {
   check_linear_attention_args(q, k, v, chunk);
@@ -91,8 +96,7 @@ at::Tensor linrec_attention(const at::Tensor& q, const at::Tensor& k, const at::
   if (norm == LinrecNorm::kCode) {
     auto qn = qe / qe.norm(2, -1, true).clamp_min(kEps);
     auto kn = ke / ke.norm(2, -1, true).clamp_min(kEps);
-    at::Tensor out = causal ? causal_linear_attention(qn, kn, vr)
-                            : torch::matmul(qn, torch::matmul(kn.transpose(-2, -1), vr));
+    at::Tensor out = causal ? causal_linear_attention(qn, kn, vr) : global_linear_attention(qn, kn, vr);
     return out / std::sqrt(dh);
   }
 
@@ -111,8 +115,7 @@ at::Tensor linrec_attention(const at::Tensor& q, const at::Tensor& k, const at::
   }
   auto scale = (col_sq.clamp_min(kEps) * count.clamp_min(1.0)).rsqrt();
   auto qt = qn * scale;
-  if (causal) return causal_linear_attention(qt, ke, vr);
-  return torch::matmul(qt, torch::matmul(ke.transpose(-2, -1), vr));
+  return causal ? causal_linear_attention(qt, ke, vr) : global_linear_attention(qt, ke, vr);
 }
 
 }  // namespace seqrec::ops

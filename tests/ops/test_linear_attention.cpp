@@ -157,6 +157,52 @@ TEST(LinearAttention, FusedKernelMatchesChunkedReference) {
     }
 }
 
+// The global (non-causal) product's CPU kernel against q (kᵀ v) by batched products: values and
+// the three gradients, float and double, one slot to 200, Dk != Dv, non-contiguous inputs, a
+// zeroed key row; its gradients against central differences; empty shapes.
+TEST(LinearAttention, GlobalFusedKernelMatchesReference) {
+  torch::manual_seed(17);
+  for (auto dtype : {torch::kFloat64, torch::kFloat32})
+    for (Shape c : std::vector<Shape>{{1, 1, 1, 1, 1}, {2, 3, 7, 5, 3}, {3, 2, 65, 9, 17}, {2, 8, 200, 16, 16},
+                                      {1, 2, 130, 50, 8}}) {
+      auto make = [&](int64_t d) {
+        return torch::randn({c.B, c.L, c.H, d}, dtype).transpose(1, 2).requires_grad_();
+      };
+      auto q = make(c.Dk), k = make(c.Dk), v = make(c.Dv);
+      {
+        torch::NoGradGuard no_grad;
+        k.select(2, c.L / 2).zero_();
+      }
+      auto gout = torch::randn({c.B, c.H, c.L, c.Dv}, dtype);
+      auto got = global_linear_attention(q, k, v);
+      ASSERT_TRUE(got.grad_fn());
+      EXPECT_NE(got.grad_fn()->name().find("GlobalLinearAttentionFused"), std::string::npos) << got.grad_fn()->name();
+      auto want = global_linear_attention_reference(q, k, v);
+      auto g_got = torch::autograd::grad({got}, {q, k, v}, {gout});
+      auto g_want = torch::autograd::grad({want}, {q, k, v}, {gout});
+      const double tol = dtype == torch::kFloat64 ? 1e-10 : 2e-5;
+      auto close = [&](const at::Tensor& a, const at::Tensor& b) { return relative_error(a, b) <= tol; };
+      const std::string where = describe(c, dtype);
+      EXPECT_TRUE(close(got, want)) << where;
+      const char* names[] = {"dq", "dk", "dv"};
+      for (int i = 0; i < 3; ++i) EXPECT_TRUE(close(g_got[i], g_want[i])) << where << " " << names[i];
+      // The last slot is the causal product's last slot.
+      EXPECT_TRUE(close(got.select(2, c.L - 1), causal_linear_attention(q, k, v).select(2, c.L - 1))) << where;
+    }
+  auto q = torch::randn({2, 2, 9, 3}, torch::kFloat64).requires_grad_();
+  auto k = torch::randn({2, 2, 9, 3}, torch::kFloat64).requires_grad_();
+  auto v = torch::randn({2, 2, 9, 4}, torch::kFloat64).requires_grad_();
+  auto w = torch::randn({2, 2, 9, 4}, torch::kFloat64);
+  seqrec::testing::expect_gradients_match_central_differences([&] { return (global_linear_attention(q, k, v) * w).sum(); },
+                                                               {q, k, v}, 2);
+  for (auto [L, D] : std::vector<std::pair<int64_t, int64_t>>{{0, 4}, {5, 0}}) {
+    auto e = torch::randn({2, 1, L, D}), ev = torch::randn({2, 1, L, 3});
+    auto out = global_linear_attention(e, e, ev);
+    EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 1, L, 3}));
+    EXPECT_EQ(out.abs().sum().item<double>(), 0.0);
+  }
+}
+
 TEST(LinearAttention, FusedKernelGradientsMatchCentralDifferences) {
   torch::manual_seed(8);
   auto q = torch::randn({2, 2, 11, 3}, torch::kFloat64).requires_grad_();
