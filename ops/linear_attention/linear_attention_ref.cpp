@@ -86,11 +86,12 @@ at::Tensor linrec_attention(const at::Tensor& q, const at::Tensor& k, const at::
               "key_padding must be bool [B, L] = [", q.size(0), ", ", q.size(2), "]; got ",
               key_padding.sizes(), " ", key_padding.scalar_type());
   const double dh = static_cast<double>(q.size(3));
-  // [B, 1, L, 1]: 1 at real slots, 0 at padding; padded keys and values vanish from every sum.
+  // [B, 1, L, 1]: 1 at real slots, 0 at padding. Padded keys are zeroed, so they and their
+  // values vanish from every sum (each product pairs a value with its own key).
   auto real = key_padding.logical_not().to(q.scalar_type()).unsqueeze(1).unsqueeze(-1);
   auto qe = torch::elu(q);
   auto ke = torch::elu(k) * real;
-  auto vr = v * real;
+  const auto& vr = v;
   const bool causal = form == LinrecForm::kCausal;
 
   if (norm == LinrecNorm::kCode) {

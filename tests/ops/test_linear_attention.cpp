@@ -414,9 +414,12 @@ TEST(LinearAttention, CausalFormIgnoresFutureAndPadding) {
     q3[1].narrow(1, 0, 40).normal_(0, 10);
     auto iso = real_only(linrec_attention(q3, k3, v3, pad, norm, LinrecForm::kCausal), pad);
     EXPECT_TRUE(torch::allclose(iso, base, 1e-6, 1e-6));
-    // The global form's last slot is the causal form's last slot.
+    // The global form's last slot is the causal form's last slot, and its padded slots change
+    // no real output either.
     auto global = linrec_attention(q, k, v, pad, norm, LinrecForm::kGlobal);
     EXPECT_TRUE(torch::allclose(global.select(2, L - 1), base.select(2, L - 1), 1e-5, 1e-6));
+    auto global_iso = linrec_attention(q3, k3, v3, pad, norm, LinrecForm::kGlobal);
+    EXPECT_TRUE(torch::allclose(real_only(global_iso, pad), real_only(global, pad), 1e-6, 1e-6));
   }
 }
 
@@ -428,8 +431,10 @@ TEST(LinearAttention, GradientsMatchCentralDifferences) {
     auto k = torch::randn({2, 1, 9, 3}, torch::kFloat64).requires_grad_();
     auto v = torch::randn({2, 1, 9, 3}, torch::kFloat64).requires_grad_();
     auto w = torch::randn({2, 1, 9, 3}, torch::kFloat64) * pad.logical_not().view({2, 1, 9, 1});
-    auto f = [&] { return (linrec_attention(q, k, v, pad, norm, LinrecForm::kCausal) * w).sum(); };
-    seqrec::testing::expect_gradients_match_central_differences(f, {q, k, v}, 5);
+    for (auto form : {LinrecForm::kCausal, LinrecForm::kGlobal}) {
+      auto f = [&] { return (linrec_attention(q, k, v, pad, norm, form) * w).sum(); };
+      seqrec::testing::expect_gradients_match_central_differences(f, {q, k, v}, 5);
+    }
   }
 }
 
