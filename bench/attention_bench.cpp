@@ -2,11 +2,13 @@
 // bench/attention_scaling.sh (one process per point, so each peak is the op's own).
 //   attention_bench --op OP --len L [--tokens 16384] [--dim 64] [--heads 1] [--interests 20]
 //                   [--codebooks 8] [--codewords 16] [--iters 3] [--device cpu|cuda|cuda:N]
-// OP: softmax | linrec | linear | linear:reference | lightsans | lisa | lisa:reference | routing
+// OP: softmax | linrec | linear | linear:reference | linear:global | linear:global:reference
+//     | lightsans | lisa | lisa:reference | routing
 //     | routing:reference | gated:softmax
 //     | gated:cosine | model:<name> | loss:softmax | loss:softmax:recompute
 // linear is the causal linear-attention product alone (the fused kernel of the device: CPU or
-// CUDA), linear:reference its chunked ATen reference.
+// CUDA), linear:reference its chunked ATen reference; linear:global the non-causal product (the
+// CPU's fused kernel), linear:global:reference q (kᵀ v) by batched products.
 // (model:flash4rec:cosine for FLASH4Rec's linear form). routing is the causal routing op at the
 // paper's optimum (K = W = S = round(sqrt(L)) centroids, window, chunk) with its local heads'
 // window 2S (routing:reference: its routed heads through the ATen reference, not the device's
@@ -51,7 +53,7 @@ double status_mb(const char* key) {
 }
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|linear|linear:reference|lightsans|lisa|lisa:reference|routing|routing:reference|"
+  std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|linear|linear:reference|linear:global|linear:global:reference|lightsans|lisa|lisa:reference|routing|routing:reference|"
                "gated:softmax|gated:cosine|model:<name>[:cosine]|loss:softmax[:recompute] --len L "
                "[--tokens N] [--dim D] [--items N] [--heads H] [--interests K] [--codebooks C] [--codewords W] [--iters I] "
                "[--device cpu|cuda|cuda:N]\n",
@@ -102,7 +104,8 @@ int main(int argc, char** argv) {
     return t;
   };
   std::function<at::Tensor()> run;
-  if (op == "softmax" || op == "linrec" || op == "linear" || op == "linear:reference") {
+  if (op == "softmax" || op == "linrec" || op == "linear" || op == "linear:reference" || op == "linear:global" ||
+      op == "linear:global:reference") {
     auto q = leaf(torch::randn({B, heads, len, dh}, opt)), k = leaf(torch::randn({B, heads, len, dh}, opt)),
          v = leaf(torch::randn({B, heads, len, dh}, opt));
     if (op == "softmax")
@@ -114,6 +117,10 @@ int main(int argc, char** argv) {
       };
     else if (op == "linear")
       run = [=] { return seqrec::ops::causal_linear_attention(q, k, v, 64); };
+    else if (op == "linear:global")
+      run = [=] { return seqrec::ops::global_linear_attention(q, k, v); };
+    else if (op == "linear:global:reference")
+      run = [=] { return seqrec::ops::global_linear_attention_reference(q, k, v); };
     else
       run = [=] { return seqrec::ops::causal_linear_attention_reference(q, k, v, 64); };
   } else if (op == "lightsans") {
