@@ -112,8 +112,9 @@ __attribute__((always_inline)) inline void backward_seq(const T* __restrict__ q,
 //     forward:  S = sum_s k[s] vᵀ[s];  out[t] = q[t]ᵀ S
 //     backward: gq[t] = S gout[t];  G = sum_t q[t] goutᵀ[t];  gk[s] = G v[s];  gv[s] = Gᵀ k[s]
 // 2·Dk·Dv multiply-adds per slot forward and 5 backward (S recomputed), one pass over a row of
-// S or G per key feature; in place of the two batched products per (sequence, head) whose
-// per-matrix dispatch dominates at LinRec's head widths on the CPU.
+// S or G per key feature, in place of two batched products each way: with the heads' strided
+// layout in LinRec 2-3% off a training step, though alone on contiguous inputs the batched
+// products are faster (docs/benchmarks.md).
 template <typename T>
 __attribute__((always_inline)) inline void outer_sum(const T* __restrict__ a, const T* __restrict__ b,
                                                      T* __restrict__ S, int64_t L, int64_t Da, int64_t Db) {
