@@ -13,10 +13,14 @@
 #      profile 10 steps of SASRec and LinRec in the common setting (PROFILE=0 skips);
 #   3. start the training runs listed in GPU_RUNS (one "NAME FLAGS..." per line, # comments;
 #      bench/gpu_runs_flash4rec_size.txt is one such list), side by side
-#      on the GPU, each cut off at the budget's end;
+#      on the GPU, each cut off at the budget's end (SIGTERM: it checkpoints); a run whose NAME
+#      is a directory in RESUME_DIR (default .devruns, carried) continues from it;
 #   4. meanwhile build and run the GPU test tier (models and CLI runs against their CPU twins);
 #   5. collect every log under $OUT: summary.txt (the lines that matter), build.log, tests.log,
-#      runs.tar.gz (each run's train.log, metrics.jsonl, flags.txt).
+#      runs.tar.gz (each run's train.log, metrics.jsonl, flags.txt); with runs and CARRY=1
+#      (the default) the logs go into logs.tar.gz and each run's newest checkpoint and best model
+#      into carry-NAME.tgz.NN parts (bench/run_carry.sh: unpack them into .devruns here and
+#      carry it to continue the runs next session; a device call brings back 8 files at most).
 # Environment: OUT (results folder, required), DATA (a prepared ML-1M dataset with user
 # features; default .devdata/ml-1m-uf), BUDGET_S (seconds from the start until the runs are
 # stopped and the results written; default 540), GPU_RUNS (a file; default none), TIMING=0
@@ -115,11 +119,17 @@ if [ -n "${GPU_RUNS:-}" ] && [ -f "$GPU_RUNS" ]; then
   while read -r name flags; do
     case "$name" in ''|'#'*) continue ;; esac
     mkdir -p /tmp/runs
+    resume=""
+    if [ -d "${RESUME_DIR:-.devruns}/$name" ]; then
+      rm -rf "/tmp/runs/$name"
+      cp -a "${RESUME_DIR:-.devruns}/$name" /tmp/runs/
+      resume="--resume auto"
+    fi
     # shellcheck disable=SC2086
-    $B train $flags --data "$DATA" --out /tmp/runs/$name --device cuda --threads "${RUN_THREADS:-2}" --eval_batch 256 --log_every 60 \
+    $B train $flags $resume --data "$DATA" --out /tmp/runs/$name --device cuda --threads "${RUN_THREADS:-2}" --eval_batch 256 --log_every 60 \
       > /tmp/runs/$name.log 2>&1 &
     pids+=($!)
-    say "started run $name"
+    say "started run $name${resume:+ (continuing its carried run directory)}"
   done < "$GPU_RUNS"
 fi
 
@@ -159,5 +169,11 @@ if [ -d /tmp/runs ]; then
     grep -h "split=test" "$r/train.log" | sed "s/^/[test $n] /" >> "$summary"
   done
   tar -czf "$OUT/runs.tar.gz" -C /tmp/runs --exclude='checkpoints' --exclude='best' --exclude='*.lock' . 2>/dev/null
+  if [ "${CARRY:-1}" != 0 ]; then
+    (cd "$OUT" && tar -czf logs.tar.gz --remove-files $(ls build.log ops-tests.log tests.log profile-*.txt 2>/dev/null))
+    for r in /tmp/runs/*/; do
+      say "$(bench/run_carry.sh pack "$r" "$OUT" 2>&1 | tail -1)"
+    done
+  fi
 fi
 say "done"
