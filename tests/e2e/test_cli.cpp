@@ -162,15 +162,27 @@ void train_whole_and_resumed(const std::string& common, const std::string& whole
   EXPECT_TRUE(contains(b.output, "[resume]")) << b.output;
 }
 
+// The same, and the two end with equal parameters.
+void expect_resume_exact(const std::string& common, const std::string& whole, const std::string& split, int first,
+                         int total) {
+  ASSERT_NO_FATAL_FAILURE(train_whole_and_resumed(common, whole, split, first, total));
+  auto pa = params_of(newest_checkpoint(whole)), pb = params_of(newest_checkpoint(split));
+  ASSERT_EQ(pa.size(), pb.size());
+  ASSERT_FALSE(pa.empty());
+  for (auto& [n, t] : pa) EXPECT_TRUE(torch::equal(t, pb.at(n))) << n << " differs after resume";
+}
+
+// The steps per epoch a train run's setup line reports (-1 if none).
+int steps_per_epoch(const std::string& output) {
+  const auto p = output.find("steps/epoch=");
+  return p == std::string::npos ? -1 : std::stoi(output.substr(p + 12));
+}
+
 TEST_F(Cli, ResumeIsExact) {
   const std::string a = dir("resume-a"), b = dir("resume-b");
   const std::string common = "train --data " + data() + " " + kTrainSmall + "--epochs 5 --final_test=false ";
   // 14 steps uninterrupted (crosses an epoch boundary: 300 users / 32 = 10 steps per epoch).
-  ASSERT_NO_FATAL_FAILURE(train_whole_and_resumed(common, a, b, 6, 14));
-  auto pa = params_of(newest_checkpoint(a)), pb = params_of(newest_checkpoint(b));
-  ASSERT_EQ(pa.size(), pb.size());
-  ASSERT_FALSE(pa.empty());
-  for (auto& [n, t] : pa) EXPECT_TRUE(torch::equal(t, pb.at(n))) << n << " differs after resume";
+  ASSERT_NO_FATAL_FAILURE(expect_resume_exact(common, a, b, 6, 14));
 }
 
 // LISA's EMA codebooks are buffers: saved, restored, and continued exactly.
@@ -217,14 +229,7 @@ TEST_F(Cli, TrainWindowsResumeExactlyAndMustMatch) {
   const std::string a = dir("windows-a"), b = dir("windows-b");
   const std::string common = "train --data " + data() + " " + kTrainSmall +
                              "--epochs 5 --final_test=false --max_len 6 --train_windows ";
-  ASSERT_NO_FATAL_FAILURE(train_whole_and_resumed(common, a, b, 5, 12));
-  auto pa = params_of(newest_checkpoint(a)), pb = params_of(newest_checkpoint(b));
-  ASSERT_FALSE(pa.empty());
-  for (auto& [n, t] : pa) EXPECT_TRUE(torch::equal(t, pb.at(n))) << n << " differs after resume";
-  auto steps_per_epoch = [](const std::string& out) {
-    const auto p = out.find("steps/epoch=");
-    return p == std::string::npos ? -1 : std::stoi(out.substr(p + 12));
-  };
+  ASSERT_NO_FATAL_FAILURE(expect_resume_exact(common, a, b, 5, 12));
   auto w = run_seqrec("train --data " + data() + " " + kTrainSmall + "--max_len 6 --train_windows --max_steps 1 "
                       "--final_test=false --out " + dir("windows-c"), 300);
   auto n = run_seqrec("train --data " + data() + " " + kTrainSmall + "--max_len 6 --max_steps 1 "
@@ -245,14 +250,7 @@ TEST_F(Cli, TrainPrefixesWithTheLastObjective) {
   const std::string a = dir("prefixes-a"), b = dir("prefixes-b");
   const std::string common = "train --data " + data() + " " + kTrainSmall +
                              "--model linrec --objective last --epochs 5 --final_test=false --max_len 6 --train_prefixes ";
-  ASSERT_NO_FATAL_FAILURE(train_whole_and_resumed(common, a, b, 5, 12));
-  auto pa = params_of(newest_checkpoint(a)), pb = params_of(newest_checkpoint(b));
-  ASSERT_FALSE(pa.empty());
-  for (auto& [n, t] : pa) EXPECT_TRUE(torch::equal(t, pb.at(n))) << n << " differs after resume";
-  auto steps_per_epoch = [](const std::string& out) {
-    const auto p = out.find("steps/epoch=");
-    return p == std::string::npos ? -1 : std::stoi(out.substr(p + 12));
-  };
+  ASSERT_NO_FATAL_FAILURE(expect_resume_exact(common, a, b, 5, 12));
   auto p = run_seqrec("train --data " + data() + " " + kTrainSmall + "--model linrec --objective last --max_len 6 "
                       "--train_prefixes --epochs 1 --out " + dir("prefixes-c"), 300);
   auto w = run_seqrec("train --data " + data() + " " + kTrainSmall + "--max_len 6 --train_windows --max_steps 1 "

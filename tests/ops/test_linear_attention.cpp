@@ -123,84 +123,44 @@ TEST(LinearAttention, ChunkedProductIsExactForAnyChunk) {
   EXPECT_TRUE(torch::allclose(causal_linear_attention(q, k, v), want, 1e-10, 1e-10));  // the fused kernel
 }
 
-// The fused CPU kernel (what causal_linear_attention runs on the CPU) against the chunked ATen
-// reference, values and all three gradients, in double and float, over shapes that break any
-// blocking (length 1, odd lengths and widths, Dk != Dv), zero rows, and non-contiguous inputs.
-TEST(LinearAttention, FusedKernelMatchesChunkedReference) {
+// The fused CPU kernels (what causal_linear_attention and global_linear_attention run on the
+// CPU) against their ATen references (chunked; q (kᵀ v) by batched products), values and all
+// three gradients, in double and float, over shapes that break any blocking (length 1, odd
+// lengths and widths, Dk != Dv), zero rows, and non-contiguous inputs; the global product's last
+// slot is the causal product's.
+TEST(LinearAttention, FusedKernelsMatchTheirReferences) {
   torch::manual_seed(7);
-  for (auto dtype : {torch::kFloat64, torch::kFloat32})
-    for (Shape c : std::vector<Shape>{{1, 1, 1, 1, 1}, {2, 3, 7, 5, 3}, {3, 2, 65, 9, 17}, {2, 1, 200, 50, 50},
-                                      {1, 2, 130, 16, 8}}) {
-      // Non-contiguous: [B, L, H, D] storage seen as [B, H, L, D], as the models pass heads.
-      auto make = [&](int64_t d) {
-        return torch::randn({c.B, c.L, c.H, d}, dtype).transpose(1, 2).requires_grad_();
-      };
-      auto q = make(c.Dk), k = make(c.Dk), v = make(c.Dv);
-      {
-        torch::NoGradGuard no_grad;  // a zeroed (padded) key row anywhere
-        k.select(2, c.L / 2).zero_();
-        v.select(2, c.L / 2).zero_();
+  for (bool global : {false, true})
+    for (auto dtype : {torch::kFloat64, torch::kFloat32})
+      for (Shape c : std::vector<Shape>{{1, 1, 1, 1, 1}, {2, 3, 7, 5, 3}, {3, 2, 65, 9, 17}, {2, 1, 200, 50, 50},
+                                        {1, 2, 130, 16, 8}, {2, 8, 200, 16, 16}}) {
+        // Non-contiguous: [B, L, H, D] storage seen as [B, H, L, D], as the models pass heads.
+        auto make = [&](int64_t d) {
+          return torch::randn({c.B, c.L, c.H, d}, dtype).transpose(1, 2).requires_grad_();
+        };
+        auto q = make(c.Dk), k = make(c.Dk), v = make(c.Dv);
+        {
+          torch::NoGradGuard no_grad;  // a zeroed (padded) key row anywhere
+          k.select(2, c.L / 2).zero_();
+          v.select(2, c.L / 2).zero_();
+        }
+        auto gout = torch::randn({c.B, c.H, c.L, c.Dv}, dtype);
+        auto got = global ? global_linear_attention(q, k, v) : causal_linear_attention(q, k, v);
+        ASSERT_TRUE(got.grad_fn());
+        const std::string node = global ? "GlobalLinearAttentionFused" : "CausalLinearAttentionFused";
+        EXPECT_NE(got.grad_fn()->name().find(node), std::string::npos) << got.grad_fn()->name();
+        auto want = global ? global_linear_attention_reference(q, k, v) : causal_linear_attention_reference(q, k, v, 16);
+        auto g_got = torch::autograd::grad({got}, {q, k, v}, {gout});
+        auto g_want = torch::autograd::grad({want}, {q, k, v}, {gout});
+        const double tol = dtype == torch::kFloat64 ? 1e-10 : 2e-5;
+        auto close = [&](const at::Tensor& a, const at::Tensor& b) { return relative_error(a, b) <= tol; };
+        const std::string where = describe(c, dtype) + (global ? " global" : " causal");
+        EXPECT_TRUE(close(got, want)) << where;
+        const char* names[] = {"dq", "dk", "dv"};
+        for (int i = 0; i < 3; ++i) EXPECT_TRUE(close(g_got[i], g_want[i])) << where << " " << names[i];
+        if (global)
+          EXPECT_TRUE(close(got.select(2, c.L - 1), causal_linear_attention(q, k, v).select(2, c.L - 1))) << where;
       }
-      auto gout = torch::randn({c.B, c.H, c.L, c.Dv}, dtype);
-      auto got = causal_linear_attention(q, k, v);
-      ASSERT_TRUE(got.grad_fn());
-      EXPECT_NE(got.grad_fn()->name().find("CausalLinearAttentionFused"), std::string::npos) << got.grad_fn()->name();
-      auto want = causal_linear_attention_reference(q, k, v, 16);
-      auto g_got = torch::autograd::grad({got}, {q, k, v}, {gout});
-      auto g_want = torch::autograd::grad({want}, {q, k, v}, {gout});
-      const double tol = dtype == torch::kFloat64 ? 1e-10 : 2e-5;
-      auto close = [&](const at::Tensor& a, const at::Tensor& b) { return relative_error(a, b) <= tol; };
-      const std::string where = describe(c, dtype);
-      EXPECT_TRUE(close(got, want)) << where;
-      const char* names[] = {"dq", "dk", "dv"};
-      for (int i = 0; i < 3; ++i) EXPECT_TRUE(close(g_got[i], g_want[i])) << where << " " << names[i];
-    }
-}
-
-// The global (non-causal) product's CPU kernel against q (kᵀ v) by batched products: values and
-// the three gradients, float and double, one slot to 200, Dk != Dv, non-contiguous inputs, a
-// zeroed key row; its gradients against central differences; empty shapes.
-TEST(LinearAttention, GlobalFusedKernelMatchesReference) {
-  torch::manual_seed(17);
-  for (auto dtype : {torch::kFloat64, torch::kFloat32})
-    for (Shape c : std::vector<Shape>{{1, 1, 1, 1, 1}, {2, 3, 7, 5, 3}, {3, 2, 65, 9, 17}, {2, 8, 200, 16, 16},
-                                      {1, 2, 130, 50, 8}}) {
-      auto make = [&](int64_t d) {
-        return torch::randn({c.B, c.L, c.H, d}, dtype).transpose(1, 2).requires_grad_();
-      };
-      auto q = make(c.Dk), k = make(c.Dk), v = make(c.Dv);
-      {
-        torch::NoGradGuard no_grad;
-        k.select(2, c.L / 2).zero_();
-      }
-      auto gout = torch::randn({c.B, c.H, c.L, c.Dv}, dtype);
-      auto got = global_linear_attention(q, k, v);
-      ASSERT_TRUE(got.grad_fn());
-      EXPECT_NE(got.grad_fn()->name().find("GlobalLinearAttentionFused"), std::string::npos) << got.grad_fn()->name();
-      auto want = global_linear_attention_reference(q, k, v);
-      auto g_got = torch::autograd::grad({got}, {q, k, v}, {gout});
-      auto g_want = torch::autograd::grad({want}, {q, k, v}, {gout});
-      const double tol = dtype == torch::kFloat64 ? 1e-10 : 2e-5;
-      auto close = [&](const at::Tensor& a, const at::Tensor& b) { return relative_error(a, b) <= tol; };
-      const std::string where = describe(c, dtype);
-      EXPECT_TRUE(close(got, want)) << where;
-      const char* names[] = {"dq", "dk", "dv"};
-      for (int i = 0; i < 3; ++i) EXPECT_TRUE(close(g_got[i], g_want[i])) << where << " " << names[i];
-      // The last slot is the causal product's last slot.
-      EXPECT_TRUE(close(got.select(2, c.L - 1), causal_linear_attention(q, k, v).select(2, c.L - 1))) << where;
-    }
-  auto q = torch::randn({2, 2, 9, 3}, torch::kFloat64).requires_grad_();
-  auto k = torch::randn({2, 2, 9, 3}, torch::kFloat64).requires_grad_();
-  auto v = torch::randn({2, 2, 9, 4}, torch::kFloat64).requires_grad_();
-  auto w = torch::randn({2, 2, 9, 4}, torch::kFloat64);
-  seqrec::testing::expect_gradients_match_central_differences([&] { return (global_linear_attention(q, k, v) * w).sum(); },
-                                                               {q, k, v}, 2);
-  for (auto [L, D] : std::vector<std::pair<int64_t, int64_t>>{{0, 4}, {5, 0}}) {
-    auto e = torch::randn({2, 1, L, D}), ev = torch::randn({2, 1, L, 3});
-    auto out = global_linear_attention(e, e, ev);
-    EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 1, L, 3}));
-    EXPECT_EQ(out.abs().sum().item<double>(), 0.0);
-  }
 }
 
 TEST(LinearAttention, FusedKernelGradientsMatchCentralDifferences) {
@@ -209,16 +169,19 @@ TEST(LinearAttention, FusedKernelGradientsMatchCentralDifferences) {
   auto k = torch::randn({2, 2, 11, 3}, torch::kFloat64).requires_grad_();
   auto v = torch::randn({2, 2, 11, 4}, torch::kFloat64).requires_grad_();
   auto w = torch::randn({2, 2, 11, 4}, torch::kFloat64);
-  auto f = [&] { return (causal_linear_attention(q, k, v) * w).sum(); };
-  seqrec::testing::expect_gradients_match_central_differences(f, {q, k, v}, 2);
+  seqrec::testing::expect_gradients_match_central_differences(
+      [&] { return (causal_linear_attention(q, k, v) * w).sum(); }, {q, k, v}, 2);
+  seqrec::testing::expect_gradients_match_central_differences(
+      [&] { return (global_linear_attention(q, k, v) * w).sum(); }, {q, k, v}, 2);
 }
 
 TEST(LinearAttention, FusedKernelEmptyShapes) {
   for (auto [L, D] : std::vector<std::pair<int64_t, int64_t>>{{0, 4}, {5, 0}}) {
     auto q = torch::randn({2, 1, L, D}), v = torch::randn({2, 1, L, 3});
-    auto out = causal_linear_attention(q, q, v);
-    EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 1, L, 3}));
-    EXPECT_EQ(out.abs().sum().item<double>(), 0.0);
+    for (const auto& out : {causal_linear_attention(q, q, v), global_linear_attention(q, q, v)}) {
+      EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 1, L, 3}));
+      EXPECT_EQ(out.abs().sum().item<double>(), 0.0);
+    }
   }
 }
 
