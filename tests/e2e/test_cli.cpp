@@ -257,6 +257,7 @@ TEST_F(Cli, TrainPrefixesWithTheLastObjective) {
                       "--final_test=false --out " + dir("prefixes-d"), 300);
   ASSERT_EQ(p.code, 0) << p.output;
   ASSERT_EQ(w.code, 0) << w.output;
+  EXPECT_TRUE(contains(p.output, "objective=last")) << p.output;
   EXPECT_TRUE(contains(p.output, "examples=every prefix")) << p.output;
   EXPECT_TRUE(contains(p.output, "split=valid")) << p.output;
   EXPECT_TRUE(contains(p.output, "split=test")) << p.output;
