@@ -40,6 +40,37 @@ SEQREC_KERNEL_FN T kinf() {
   return static_cast<T>(HUGE_VAL);
 }
 
+// Segments: a row of L slots cut into pieces of seg_len slots (the last may be shorter), each
+// walked by its own block or warp, for grids too short to fill the device (the linear and LISA
+// kernels). seg_len <= 0 or >= L: one segment.
+SEQREC_KERNEL_FN int64_t segments(int64_t L, int64_t seg_len) {
+  return seg_len <= 0 || seg_len >= L ? 1 : (L + seg_len - 1) / seg_len;
+}
+
+// Slots [begin, end) of segment g.
+template <typename I>
+SEQREC_KERNEL_FN void segment_bounds(I L, I seg_len, I g, I& begin, I& end) {
+  const I len = seg_len > 0 && seg_len < L ? seg_len : L;
+  begin = g * len;
+  end = begin + len < L ? begin + len : L;
+}
+
+// Slots per segment when `units` blocks or warps (one per row) fall short of `target`: L (one
+// segment) when they do not or L is under 2·min_segment; else the fewest segments that reach the
+// target, at most max_segments and L / min_segment of them, each rounded up to a multiple of
+// `multiple` slots.
+inline int64_t plan_segment_len(int64_t units, int64_t target, int64_t L, int64_t min_segment, int64_t max_segments,
+                                int64_t multiple) {
+  if (units <= 0 || units >= target || L < 2 * min_segment) return L;
+  int64_t segs = (target + units - 1) / units;
+  segs = segs < max_segments ? segs : max_segments;
+  const int64_t most = L / min_segment;  // >= 2
+  segs = segs < most ? segs : most;
+  int64_t len = (L + segs - 1) / segs;
+  len = (len + multiple - 1) / multiple * multiple;
+  return len >= L ? L : len;
+}
+
 // A warp on the CPU: the states of its 32 lanes. each(f) calls f(lane, state) for every lane in
 // turn; sum(f) and max(f) combine the lanes' f(lane, state) by the butterfly of xor offsets
 // 16, 8, 4, 2, 1 and return what every lane holds at the end; lead(f) is lane 0's f(); sync()

@@ -27,7 +27,7 @@ __global__ void __launch_bounds__(lk::kThreads) causal_linear_kernel(lk::Args<T>
   const int64_t seq = blockIdx.x;
   const int tile = blockIdx.y, g = blockIdx.z, col0 = tile * lk::kLanes, tid = threadIdx.x;
   int begin = 0, end = 0;
-  lk::segment_range(a, g, begin, end);
+  segment_bounds(a.L, a.seg_len, g, begin, end);
   T state[kRows];
   if (kSumsOnly) {
 #pragma unroll
@@ -65,7 +65,7 @@ void causal_linear_attention_launch(const T* q, const T* k, const T* v, T* out, 
                                 std::to_string(L) + " slots is beyond the kernel's 32-bit grid and offsets");
   if (n == 0 || L == 0) return;
   if (seg_len <= 0 || seg_len > L) seg_len = L;
-  const int segs = lk::segments(static_cast<int>(L), static_cast<int>(seg_len));
+  const int segs = static_cast<int>(segments(L, seg_len));
   if (segs > 1 && sums == nullptr)
     throw std::invalid_argument("causal linear attention (CUDA): " + std::to_string(segs) +
                                 " segments need a workspace of " +

@@ -14,7 +14,7 @@
 //   accumulate:  per slot, each thread adds k[t, i] v[t, l] to its rows of S and sums
 //                q[t, i] S[i, l] over them into its warp's partial sum of out[t, l];
 //   reduce:      the kWarps partial sums of each (slot, column) are added and written out.
-// Segments (seg_len slots each, in walk order: reversed for the reverse product) let short
+// Segments (seg_len slots each, in walk order: reversed for the reverse product; kernel_common.h) let short
 // grids fill the device: a first launch (sums only) writes each segment's own sum of k vᵀ to
 // a workspace, and each block of the second starts its state from the sums of the segments
 // before its own. With one segment (seg_len >= L) the second launch alone runs, from zero.
@@ -135,17 +135,6 @@ SEQREC_KERNEL_FN void reduce(const Args<T>& a, int64_t seq, int col0, int c0, in
   }
 }
 
-// Segments of seg_len slots over L.
-SEQREC_KERNEL_FN int segments(int L, int seg_len) { return seg_len >= L ? 1 : (L + seg_len - 1) / seg_len; }
-
-// Walk positions [begin, end) of segment g.
-template <typename T>
-SEQREC_KERNEL_FN void segment_range(const Args<T>& a, int g, int& begin, int& end) {
-  const int len = a.seg_len < a.L ? a.seg_len : a.L;
-  begin = g * len;
-  end = begin + len < a.L ? begin + len : a.L;
-}
-
 // The grid: blocks (seq, tile, segment) for seq < n, tile < tiles(dv), segment < segments.
 SEQREC_KERNEL_FN int64_t tiles(int64_t dv) { return (dv + kLanes - 1) / kLanes; }
 
@@ -183,15 +172,8 @@ SEQREC_KERNEL_FN void store_sums(const Args<T>& a, int64_t seq, int tile, int g,
 // multiprocessor or L is short; else the fewest segments that reach it, each a multiple of
 // kSteps and at least kMinSegment slots, at most kMaxSegments of them.
 inline int64_t plan_segment_len(int64_t n, int64_t L, int64_t dv, int64_t sms) {
-  const int64_t blocks = n * tiles(dv), target = kBlocksPerSm * (sms > 0 ? sms : 1);
-  if (blocks >= target || L < 2 * kMinSegment) return L;
-  int64_t segs = (target + blocks - 1) / blocks;
-  segs = segs < kMaxSegments ? segs : kMaxSegments;
-  const int64_t most = L / kMinSegment;  // >= 2
-  segs = segs < most ? segs : most;
-  int64_t len = (L + segs - 1) / segs;
-  len = (len + kSteps - 1) / kSteps * kSteps;
-  return len >= L ? L : len;
+  return cuda::plan_segment_len(n * tiles(dv), kBlocksPerSm * (sms > 0 ? sms : 1), L, kMinSegment, kMaxSegments,
+                                kSteps);
 }
 
 // Workspace elements for the segment sums of one launch (0 with one segment).
@@ -222,7 +204,7 @@ void emulate_block(const Args<T>& a, int64_t seq, int tile, int g) {
   auto rows = [&](int tid) -> T(&)[kRows] { return *reinterpret_cast<T(*)[kRows]>(state.data() + tid * kRows); };
   const int col0 = tile * kLanes;
   int begin = 0, end = 0;
-  segment_range(a, g, begin, end);
+  segment_bounds(a.L, a.seg_len, g, begin, end);
   if (!kSumsOnly)
     for (int tid = 0; tid < kThreads; ++tid) init_state<T, kRows>(a, seq, tile, g, tid, rows(tid));
   for (int c0 = begin; c0 < end; c0 += kSteps) {
@@ -240,7 +222,7 @@ void emulate_block(const Args<T>& a, int64_t seq, int tile, int g) {
 // outputs of every segment.
 template <typename T>
 void emulate(const Args<T>& a, int64_t n) {
-  const int segs = segments(a.L, a.seg_len);
+  const int segs = static_cast<int>(segments(a.L, a.seg_len));
   with_rows(a.dk, [&](auto rows) {
     constexpr int R = decltype(rows)::value;
     for (int64_t seq = 0; seq < n; ++seq)

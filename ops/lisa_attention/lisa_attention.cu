@@ -35,7 +35,7 @@ void launch(const lk::Args<T>& args, void* stream_ptr) {
   const int64_t rows = args.B * args.C;
   if (rows == 0 || args.L == 0) return;
   const lk::Args<T> a = lk::prepare(args);
-  const int64_t segs = lk::segments(a.L, a.seg_len);
+  const int64_t segs = segments(a.L, a.seg_len);
   if (segs > 1 && a.sums == nullptr)
     throw std::invalid_argument("LISA attention (CUDA): " + std::to_string(segs) + " segments need a workspace of " +
                                 std::to_string(lk::workspace_elements(rows, a.L, a.W, a.seg_len)) + " elements");

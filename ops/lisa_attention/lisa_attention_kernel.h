@@ -73,11 +73,6 @@ struct Args {
   T decay_seg = T(1);   // decay^seg_len, set by prepare()
 };
 
-// Segments of seg_len slots over L.
-SEQREC_KERNEL_FN int64_t segments(int64_t L, int64_t seg_len) {
-  return seg_len <= 0 || seg_len >= L ? 1 : (L + seg_len - 1) / seg_len;
-}
-
 // The args as the launches take them: decay_seg filled in (on the host).
 template <typename T>
 Args<T> prepare(Args<T> a) {
@@ -85,14 +80,6 @@ Args<T> prepare(Args<T> a) {
                                                                        static_cast<double>(a.seg_len)))
                                              : T(1);
   return a;
-}
-
-// Slots [begin, end) of segment g.
-template <typename T>
-SEQREC_KERNEL_FN void segment_range(const Args<T>& a, int64_t g, int64_t& begin, int64_t& end) {
-  const int64_t len = segments(a.L, a.seg_len) > 1 ? a.seg_len : a.L;
-  begin = g * len;
-  end = begin + len < a.L ? begin + len : a.L;
 }
 
 // Warps per launch: every (row, segment) for the outputs; for the sums-only launch every
@@ -116,14 +103,7 @@ SEQREC_KERNEL_FN void warp_task(const Args<T>& a, int64_t w, bool sums_only, boo
 // segment) when the grid already has kWarpsPerSm warps per multiprocessor or L is short; else
 // the fewest segments that reach it, each at least kMinSegment slots, at most kMaxSegments.
 inline int64_t plan_segment_len(int64_t rows, int64_t L, int64_t sms) {
-  const int64_t target = kWarpsPerSm * (sms > 0 ? sms : 1);
-  if (rows <= 0 || rows >= target || L < 2 * kMinSegment) return L;
-  int64_t segs = (target + rows - 1) / rows;
-  segs = segs < kMaxSegments ? segs : kMaxSegments;
-  const int64_t most = L / kMinSegment;  // >= 2
-  segs = segs < most ? segs : most;
-  const int64_t len = (L + segs - 1) / segs;
-  return len >= L ? L : len;
+  return cuda::plan_segment_len(rows, kWarpsPerSm * (sms > 0 ? sms : 1), L, kMinSegment, kMaxSegments, 1);
 }
 
 // Workspace elements of one launch pair (0 with one segment).
@@ -182,7 +162,7 @@ SEQREC_KERNEL_FN void forward_row(Warp& warp, const Args<T>& a, int64_t row, int
   const int64_t b = row / a.C, c = row - b * a.C, W = a.W;
   const T inf = kinf<T>(), decay = a.decay;
   int64_t begin = 0, end = 0;
-  segment_range(a, g, begin, end);
+  segment_bounds(a.L, a.seg_len, g, begin, end);
   if (kSumsOnly) {
     warp.each([&](int, L_& s) {
       SEQREC_KERNEL_UNROLL
@@ -303,7 +283,7 @@ SEQREC_KERNEL_FN void backward_row(Warp& warp, const Args<T>& a, int64_t row, in
   const int64_t b = row / a.C, c = row - b * a.C, W = a.W;
   const T inf = kinf<T>(), decay = a.decay;
   int64_t begin = 0, end = 0;
-  segment_range(a, seg, begin, end);
+  segment_bounds(a.L, a.seg_len, seg, begin, end);
   if (kSumsOnly) {  // F holds the running gradient G
     warp.each([&](int, L_& s) {
       SEQREC_KERNEL_UNROLL

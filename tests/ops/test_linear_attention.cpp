@@ -276,7 +276,7 @@ TEST(LinearAttention, CudaSegmentPlan) {
     EXPECT_EQ(len % lk::kSteps, 0) << where;
     EXPECT_GT(segs, 1) << where;
     EXPECT_LE(segs, lk::kMaxSegments) << where;
-    EXPECT_EQ(lk::segments(static_cast<int>(L), static_cast<int>(len)), segs) << where;
+    EXPECT_EQ(seqrec::ops::cuda::segments(L, len), segs) << where;
     // About kBlocksPerSm blocks per multiprocessor (less at most what rounding segments up to
     // whole chunks costs), unless a bound on the segments stops it.
     const int64_t blocks = n * lk::tiles(dv), target = lk::kBlocksPerSm * sms;

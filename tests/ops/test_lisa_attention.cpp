@@ -545,14 +545,15 @@ TEST(LisaAttention, CudaKernelLogicMatchesCpuKernel) {
 // the device, each at least kMinSegment slots, at most kMaxSegments per row.
 TEST(LisaAttention, CudaSegmentPlan) {
   namespace lk = seqrec::ops::cuda::lisa_kernel;
+  using seqrec::ops::cuda::segments;
   EXPECT_EQ(lk::plan_segment_len(16 * 132, 300, 132), 300);  // a grid that fills the device
   EXPECT_EQ(lk::plan_segment_len(128 * 8, 100, 132), 100);  // under 2 x kMinSegment
   EXPECT_EQ(lk::plan_segment_len(128 * 8, 300, 132), 100);  // LISA-Base's paper setting on an H200: 3 segments
   EXPECT_EQ(lk::workspace_elements(48, 100, 128, 100), 0);
-  EXPECT_EQ(lk::segments(100, 0), 1);
+  EXPECT_EQ(segments(100, 0), 1);
   for (auto [rows, L, sms] : std::vector<std::array<int64_t, 3>>{
            {48, 4096, 132}, {200, 1024, 132}, {1024, 200, 132}, {1, 1000, 132}, {1, 128, 1}, {8, 1 << 20, 132}}) {
-    const int64_t len = lk::plan_segment_len(rows, L, sms), segs = lk::segments(L, len);
+    const int64_t len = lk::plan_segment_len(rows, L, sms), segs = segments(L, len);
     const std::string where = "rows " + std::to_string(rows) + " L " + std::to_string(L);
     EXPECT_GE(len, lk::kMinSegment) << where;
     EXPECT_GT(segs, 1) << where;
@@ -564,12 +565,9 @@ TEST(LisaAttention, CudaSegmentPlan) {
     }
     EXPECT_EQ(lk::workspace_elements(rows, L, 128, len), rows * segs * 128) << where;
     // Segments tile the row: each begins where the one before ended, the last ends at L.
-    lk::Args<float> a{};
-    a.L = L;
-    a.seg_len = len;
     int64_t begin = 0, end = 0, at = 0;
     for (int64_t g = 0; g < segs; ++g) {
-      lk::segment_range(a, g, begin, end);
+      seqrec::ops::cuda::segment_bounds(L, len, g, begin, end);
       EXPECT_EQ(begin, at) << where;
       EXPECT_GT(end, begin) << where;
       at = end;
