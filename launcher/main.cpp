@@ -231,7 +231,7 @@ int cmd_train(dist::Comm& comm) {
   o.adam.eps = FLAGS_adam_eps;
   o.clip_norm = FLAGS_clip_norm;
   require(FLAGS_length_groups >= 0, "--length_groups must be >= 0 (0: 8 on the CPU, 1 on a CUDA device)");
-  o.length_groups = FLAGS_length_groups > 0 ? FLAGS_length_groups : FLAGS_device.rfind("cuda", 0) == 0 ? 1 : 8;
+  o.length_groups = FLAGS_length_groups;
   require(FLAGS_softmax_keep_mib >= 0, "--softmax_keep_mib must be >= 0");
   o.softmax_keep_mib = FLAGS_softmax_keep_mib;
   require(FLAGS_profile_steps >= 0, "--profile_steps must be >= 0");

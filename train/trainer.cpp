@@ -481,10 +481,11 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
   if (P > 1 && mo.moe_experts % P != 0)
     throw std::invalid_argument("--moe_experts " + std::to_string(mo.moe_experts) +
                                 " is not divisible by --expert_parallel " + std::to_string(P));
+  const int64_t length_groups = o.length_groups > 0 ? o.length_groups : device.is_cpu() ? 8 : 1;
   models::ModelRuntime runtime;
   // The loss slices batches by length for every model but a mixture of experts, which runs
   // whole; its attention slices them instead.
-  if (moe) runtime.attention_length_groups = o.length_groups;
+  if (moe) runtime.attention_length_groups = length_groups;
   if (moe && world > 1) {
     runtime.world = &comm;
     layout.lockstep = true;
@@ -627,7 +628,7 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
             : o.loader.prefixes ? " examples=every prefix"
                                 : " examples=one per user") +
            " steps/epoch=" +
-           std::to_string(loader.steps_per_epoch()) + " length_groups=" + std::to_string(o.length_groups));
+           std::to_string(loader.steps_per_epoch()) + " length_groups=" + std::to_string(length_groups));
   log.line("[setup] model selection: valid " + o.select_metric + " under \"" + o.select_protocol.describe() + "\"");
   if (fault.step > 0) {
     if (fault.rank >= world)
@@ -776,7 +777,7 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
       at::Tensor loss;
       {
         SEQREC_PROFILE_SCOPE("seqrec::forward");
-        loss = batch_loss_sum(*model, batch, users, o.loss, o.length_groups, /*whole=*/moe, local_targets,
+        loss = batch_loss_sum(*model, batch, users, o.loss, length_groups, /*whole=*/moe, local_targets,
                               std::min<int64_t>(o.softmax_keep_mib, int64_t{1} << 40) << 20) / global_targets;
       }
       {

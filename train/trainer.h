@@ -28,7 +28,8 @@ struct TrainOptions {
   double mask_prob = 0.2;           // cloze objective: probability that a training item is masked
   AdamOptions adam;
   double clip_norm = 0;             // 0 = no clipping
-  int64_t length_groups = 8;        // rows of a batch run in this many length-sorted, trimmed slices
+  int64_t length_groups = 0;        // rows of a batch run in this many length-sorted, trimmed slices;
+                                    // 0: 8 on the CPU, 1 on a CUDA device (each slice's launches cost more there)
   int64_t softmax_keep_mib = 256;   // --loss ce keeps a batch's probabilities for the backward up to this size
   int64_t warmup_steps = 0;         // linear LR warm-up
   int64_t epochs = 200;

@@ -306,11 +306,7 @@ TEST(Models, SignatureRoundTripsAndNamesDifferences) {
 // The cloze objective: one extra [mask] row that is never scored, and bidirectional attention
 // (a later item changes an earlier slot's output, unlike the causal objective).
 TEST(ClozeObjective, SasrecAttendsBothWaysAndNeverScoresTheMask) {
-  ModelOptions o;
-  o.num_items = 30;
-  o.max_len = 12;
-  o.hidden = 8;
-  o.heads = 2;
+  auto o = sasrec_small();
   o.dropout = 0;
   o.objective = "cloze";
   auto m = make_model(o);
@@ -331,12 +327,8 @@ TEST(ClozeObjective, SasrecAttendsBothWaysAndNeverScoresTheMask) {
 // its last slot is the same whether computed with the rest or alone; models that attend only
 // causally are refused it by name.
 TEST(LastObjective, LinrecAttendsBothWaysAndScoresTheLastSlot) {
-  ModelOptions o;
+  auto o = sasrec_small();
   o.model = "linrec";
-  o.num_items = 30;
-  o.max_len = 12;
-  o.hidden = 8;
-  o.heads = 2;
   o.dropout = 0;
   auto causal = make_model(o);
   o.objective = "last";
