@@ -6,7 +6,8 @@
 #      (cd .device/debs && apt-get download liblzma-dev liblzma5)), and test the CUDA kernels
 #      against the CPU's before anything runs on them;
 #   2. time training epochs on the GPU, alone on it, with the peak GPU memory: SASRec and LinRec
-#      (LinRec's paper setting and the common setting, ML-1M, max_len 200), LISA-Base and
+#      (LinRec's paper setting and the common setting, ML-1M, max_len 200; the paper setting also
+#      in the released code's prefix scheme at batch 2048, PREFIX_STEPS steps), LISA-Base and
 #      Routing in their configs, each kernel also against its reference (--fused_kernels=false),
 #      and FLASH4Rec; the common setting and FLASH4Rec also in the CPU's 8 length slices;
 #      time the attention ops forward + backward at L = 200, 1,024, 4,096 (OP_BENCH=0 skips);
@@ -83,6 +84,15 @@ if [ "${TIMING:-1}" != 0 ]; then
   for m in sasrec linrec; do time_epochs "common-$m-sliced" --flagfile configs/ml-1m/common/$m.flags --length_groups 8; done
   time_epochs flash4rec --flagfile configs/ml-1m/flash4rec.flags
   time_epochs flash4rec-sliced --flagfile configs/ml-1m/flash4rec.flags --length_groups 8
+  # LinRec's paper setting as its released code trains it, the time bar's own scheme: every
+  # prefix an example scored at its last slot, batch 2048 (a compute-bound GPU step, unlike the
+  # batches of 128 above); PREFIX_STEPS steps each, twice, alternating.
+  for i in 1 2; do
+    for m in sasrec linrec; do
+      time_epochs "prefix-$m-$i" --flagfile configs/ml-1m/linrec.flags --model $m --objective last --train_prefixes \
+        --batch_size 2048 --max_steps "${PREFIX_STEPS:-120}"
+    done
+  done
   # LISA-Base's and Routing's kernels against their references, in each model's own config.
   for m in lisa-base routing; do
     time_epochs "$m" --flagfile configs/ml-1m/$m.flags
