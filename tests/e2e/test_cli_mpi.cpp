@@ -90,6 +90,24 @@ TEST_F(CliMpi, ClozeMasksDoNotDependOnTheRankCount) {
   EXPECT_LT(worst, 1e-6) << "max |delta param| " << worst;  // as above: summation order only
 }
 
+// LinRec as its released code trains it: every prefix of a history an example, scored at its
+// last slot through the global (bidirectional) form. The prefixes are dealt out by global
+// example index, so 2 ranks still train as 1 rank with the global batch.
+TEST_F(CliMpi, PrefixExamplesDoNotDependOnTheRankCount) {
+  const std::string last = " --model linrec --objective last --train_prefixes";
+  const std::string single = dir("prefix-single"), multi = dir("prefix-multi");
+  auto a = run_seqrec(train_args(data(), single, 16) + last, 300);
+  ASSERT_EQ(a.code, 0) << a.output;
+  auto b = run_command(mpirun() + " -np 2 " + seqrec_bin() + train_args(data(), multi, 8) + last, 300);
+  ASSERT_EQ(b.code, 0) << b.output;
+  EXPECT_TRUE(contains(b.output, "examples=every prefix")) << b.output;
+  auto pa = final_params(single), pb = final_params(multi);
+  ASSERT_EQ(pa.size(), pb.size());
+  double worst = 0;
+  for (auto& [n, t] : pa) worst = std::max(worst, (t - pb.at(n)).abs().max().item<double>());
+  EXPECT_LT(worst, 1e-6) << "max |delta param| " << worst;  // as above: summation order only
+}
+
 // LISA's EMA codebooks: each rank's assignment counts and residual sums are all-reduced before
 // the update, so the codebooks after K steps match one rank with the global batch.
 TEST_F(CliMpi, EmaCodebooksMatchOneRankWithTheGlobalBatch) {
