@@ -24,7 +24,7 @@
 #      carry it to continue the runs next session; a device call brings back 8 files at most).
 # Environment: OUT (results folder, required), DATA (a prepared ML-1M dataset with user
 # features; default .devdata/ml-1m-uf), BUDGET_S (seconds from the start until the runs are
-# stopped and the results written; default 540), GPU_RUNS (a file; default none), TIMING=0
+# stopped and the results written; default 540), GPU_RUNS (files, space-separated; default none), TIMING=0
 # skips step 2, TESTS=0 skips step 4, GPU_TESTS (a gtest filter for test_cli; default
 # '*Cuda*:*Device*'), TIME_ONLY (an extended regex: step 2 times only the names it matches),
 # OPS (the attention_bench ops of step 2a, space-separated; default all of them).
@@ -41,6 +41,7 @@ say() { echo "[$(elapsed)s] $*" | tee -a "$summary"; }
 source .device/env.sh
 say "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader)"
 say "cores: $(nproc)"
+for f in ${GPU_RUNS:-}; do [ -f "$f" ] || { say "GPU_RUNS: no such file: $f"; exit 1; }; done
 
 # 1. Build the executable first; the tests build while the runs train.
 if ! cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" \
@@ -131,7 +132,7 @@ done
 
 # 3. The training runs, side by side.
 pids=()
-if [ -n "${GPU_RUNS:-}" ] && [ -f "$GPU_RUNS" ]; then
+if [ -n "${GPU_RUNS:-}" ]; then
   while read -r name flags; do
     case "$name" in ''|'#'*) continue ;; esac
     mkdir -p /tmp/runs
@@ -146,7 +147,7 @@ if [ -n "${GPU_RUNS:-}" ] && [ -f "$GPU_RUNS" ]; then
       > /tmp/runs/$name.log 2>&1 &
     pids+=($!)
     say "started run $name${resume:+ (continuing its carried run directory)}"
-  done < "$GPU_RUNS"
+  done < <(cat ${GPU_RUNS})
 fi
 
 # 4. The GPU test tier (TESTS=0 skips it).
