@@ -1,8 +1,7 @@
 #pragma once
 // The CUDA runtime's errors as exceptions, one family for every .cu: the op, what failed (the
-// call as written), the runtime's message and where; the device's multiprocessor count, cached;
-// and the grid of a warp-per-row kernel, refused by name past the grid's limit. nvcc only (it
-// includes the runtime).
+// call as written), the runtime's message and where; and the device's multiprocessor count,
+// cached. nvcc only (it includes the runtime).
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -33,15 +32,6 @@ inline int multiprocessors(const char* op) {
     if (device >= 0 && device < kDevices) known[device].store(sms, std::memory_order_relaxed);
   }
   return sms;
-}
-
-// Blocks of kRowWarps rows for `rows` rows (what each row is: `what`, for the message).
-inline unsigned row_blocks(int64_t rows, const char* op, const char* what) {
-  const int64_t blocks = (rows + kRowWarps - 1) / kRowWarps;
-  if (blocks > 0x7fffffff)
-    throw std::invalid_argument(std::string(op) + " (CUDA): " + std::to_string(rows) + " " + what +
-                                " is beyond the kernel's grid");
-  return static_cast<unsigned>(blocks);
 }
 
 }  // namespace seqrec::ops::cuda

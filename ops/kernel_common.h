@@ -10,6 +10,9 @@
 // run lane after lane, the same butterfly over the lanes' values), so that the emulation rounds
 // every warp sum exactly as the device does.
 #include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #if defined(__CUDACC__)
 #define SEQREC_KERNEL_FN __host__ __device__ __forceinline__
@@ -69,6 +72,16 @@ inline int64_t plan_segment_len(int64_t units, int64_t target, int64_t L, int64_
   int64_t len = (L + segs - 1) / segs;
   len = (len + multiple - 1) / multiple * multiple;
   return len >= L ? L : len;
+}
+
+// The grid of a kernel of one warp per row: blocks of kRowWarps rows for `rows` rows, refused
+// by name (what each row is: `what`) past the grid's 2^31 - 1 blocks, before any launch.
+inline unsigned row_blocks(int64_t rows, const char* op, const char* what) {
+  const int64_t blocks = (rows + kRowWarps - 1) / kRowWarps;
+  if (blocks > 0x7fffffff)
+    throw std::invalid_argument(std::string(op) + " (CUDA): " + std::to_string(rows) + " " + what +
+                                " is beyond the kernel's grid");
+  return static_cast<unsigned>(blocks);
 }
 
 // A warp on the CPU: the states of its 32 lanes. each(f) calls f(lane, state) for every lane in

@@ -577,6 +577,37 @@ TEST(LisaAttention, CudaSegmentPlan) {
   EXPECT_EQ(lk::plan_segment_len(48, 4096, 132), 94);  // 44 segments: 2,112 warps
 }
 
+// The launch's grid: kRowWarps (row, segment) warps per block, and a batch whose warps need more
+// than the grid's 2^31 - 1 blocks refused by name before any launch (too large to build a test
+// tensor for, so the count comes from the kernel's own arithmetic on the shape alone).
+TEST(LisaAttention, CudaGridPastItsLimitIsRefusedByName) {
+  namespace lk = seqrec::ops::cuda::lisa_kernel;
+  using seqrec::ops::cuda::kRowWarps;
+  using seqrec::ops::cuda::row_blocks;
+  lk::Args<float> a{};
+  a.B = 128;
+  a.L = 300;
+  a.C = 8;
+  a.seg_len = 100;  // 3 segments
+  EXPECT_EQ(lk::launch_warps(a, false), 128 * 8 * 3);
+  EXPECT_EQ(lk::launch_warps(a, true), 128 * 8 * 2);
+  EXPECT_EQ(row_blocks(lk::launch_warps(a, false), "LISA attention", "(row, segment) warps"),
+            static_cast<unsigned>(128 * 8 * 3 / kRowWarps));
+  EXPECT_EQ(row_blocks(5, "LISA attention", "warps"), 2u);  // a partial block rounds up
+  a.B = int64_t{1} << 30;  // 2^30 rows x 8 codebooks x 3 segments: 6 x 2^31 blocks
+  try {
+    row_blocks(lk::launch_warps(a, false), "LISA attention", "(row, segment) warps");
+    ADD_FAILURE() << "a grid past 2^31 - 1 blocks was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("LISA attention (CUDA): 25769803776 (row, segment) warps is beyond the kernel's grid"),
+              std::string::npos)
+        << e.what();
+  }
+  const int64_t most = int64_t{0x7fffffff} * kRowWarps;  // exactly the grid's limit
+  EXPECT_EQ(row_blocks(most, "op", "rows"), 0x7fffffffu);
+  EXPECT_THROW(row_blocks(most + 1, "op", "rows"), std::invalid_argument);
+}
+
 // The CUDA kernels (what lisa_attention runs on a CUDA device) against the CPU's fused kernel on
 // the same inputs: values and the three gradients, float and double, W from 1 to 512 and one
 // past it (600, left to the reference), padding, decay, soft and one-hot weights, and many rows
