@@ -53,18 +53,45 @@ std::string train_args(const std::string& data, const std::string& out, int batc
          "--epochs 10 --adam_eps 1";
 }
 
+// The largest element difference between same-named tensors of two runs' maps (infinity for a
+// name that `b` lacks).
+double max_difference(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
+  double worst = 0;
+  for (auto& [n, t] : a) {
+    auto it = b.find(n);
+    worst = it == b.end() ? std::numeric_limits<double>::infinity()
+                          : std::max(worst, (t - it->second).abs().max().item<double>());
+  }
+  return worst;
+}
+
+// One run at 1 rank with a batch of 8·np and one at np ranks with 8 each, both with `extra`
+// (the np-rank one also with `multi_extra`), into dir(name)-single and dir(name)-multi; a run
+// that fails fails the test.
+struct RankPair {
+  std::string single, multi, multi_output;
+};
+void run_ranks_against_one(const std::string& data, const std::string& name, int np, const std::string& extra,
+                           RankPair* r, const std::string& multi_extra = "") {
+  r->single = name + "-single";
+  r->multi = name + "-multi";
+  auto a = run_seqrec(train_args(data, r->single, 8 * np) + extra, 300);
+  ASSERT_EQ(a.code, 0) << a.output;
+  auto b = run_command(mpirun() + " -np " + std::to_string(np) + " " + seqrec_bin() + train_args(data, r->multi, 8) +
+                           extra + multi_extra,
+                       300);
+  ASSERT_EQ(b.code, 0) << b.output;
+  r->multi_output = b.output;
+}
+
 TEST_F(CliMpi, RanksTrainExactlyAsOneRankWithTheGlobalBatch) {
   for (int np : {2, 3}) {
-    const std::string single = dir("single" + std::to_string(np)), multi = dir("multi" + std::to_string(np));
-    auto a = run_seqrec(train_args(data(), single, 8 * np), 300);
-    ASSERT_EQ(a.code, 0) << a.output;
-    auto b = run_command(mpirun() + " -np " + std::to_string(np) + " " + seqrec_bin() + train_args(data(), multi, 8), 300);
-    ASSERT_EQ(b.code, 0) << b.output;
-    EXPECT_TRUE(contains(b.output, "ranks=" + std::to_string(np))) << b.output;
-    auto pa = final_params(single), pb = final_params(multi);
+    RankPair r;
+    ASSERT_NO_FATAL_FAILURE(run_ranks_against_one(data(), dir("plain" + std::to_string(np)), np, "", &r));
+    EXPECT_TRUE(contains(r.multi_output, "ranks=" + std::to_string(np))) << r.multi_output;
+    auto pa = final_params(r.single), pb = final_params(r.multi);
     ASSERT_EQ(pa.size(), pb.size());
-    double worst = 0;
-    for (auto& [n, t] : pa) worst = std::max(worst, (t - pb.at(n)).abs().max().item<double>());
+    const double worst = max_difference(pa, pb);
     // Gradients differ only in fp32 summation order (per-rank partial sums, then the
     // all-reduce): ~1e-7 relative. With Adam's default eps a gradient component near zero
     // turns that rounding into a +-lr step (m / sqrt(v) is its sign), so the run uses
@@ -75,33 +102,14 @@ TEST_F(CliMpi, RanksTrainExactlyAsOneRankWithTheGlobalBatch) {
   }
 }
 
-// Trains with `extra` flags at 1 rank with a batch of 16 and at 2 ranks with 8 each, and returns
-// the largest parameter difference between the two (infinity, with a failure, if a run fails);
-// the 2-rank run's output goes to `multi_output`.
-double two_ranks_against_one(const std::string& single, const std::string& multi, const std::string& data,
-                             const std::string& extra, std::string* multi_output) {
-  auto a = run_seqrec(train_args(data, single, 16) + extra, 300);
-  auto b = run_command(mpirun() + " -np 2 " + seqrec_bin() + train_args(data, multi, 8) + extra, 300);
-  *multi_output = b.output;
-  if (a.code != 0 || b.code != 0) {
-    ADD_FAILURE() << "1 rank: exit " << a.code << "\n" << a.output << "\n2 ranks: exit " << b.code << "\n" << b.output;
-    return std::numeric_limits<double>::infinity();
-  }
-  auto pa = final_params(single), pb = final_params(multi);
-  EXPECT_EQ(pa.size(), pb.size());
-  double worst = 0;
-  for (auto& [n, t] : pa)
-    worst = pb.count(n) ? std::max(worst, (t - pb.at(n)).abs().max().item<double>())
-                        : std::numeric_limits<double>::infinity();
-  return worst;
-}
-
 // The cloze objective's masks are keyed by (seed, epoch, user, slot), not by rank: 2 ranks
 // still train as 1 rank with the global batch.
 TEST_F(CliMpi, ClozeMasksDoNotDependOnTheRankCount) {
-  std::string out;
-  const double worst = two_ranks_against_one(dir("cloze-single"), dir("cloze-multi"), data(),
-                                             " --objective cloze --mask_prob 0.3", &out);
+  RankPair r;
+  ASSERT_NO_FATAL_FAILURE(run_ranks_against_one(data(), dir("cloze"), 2, " --objective cloze --mask_prob 0.3", &r));
+  auto pa = final_params(r.single), pb = final_params(r.multi);
+  ASSERT_EQ(pa.size(), pb.size());
+  const double worst = max_difference(pa, pb);
   EXPECT_LT(worst, 1e-6) << "max |delta param| " << worst;  // as above: summation order only
 }
 
@@ -109,10 +117,13 @@ TEST_F(CliMpi, ClozeMasksDoNotDependOnTheRankCount) {
 // last slot through the global (bidirectional) form. The prefixes are dealt out by global
 // example index, so 2 ranks still train as 1 rank with the global batch.
 TEST_F(CliMpi, PrefixExamplesDoNotDependOnTheRankCount) {
-  std::string out;
-  const double worst = two_ranks_against_one(dir("prefix-single"), dir("prefix-multi"), data(),
-                                             " --model linrec --objective last --train_prefixes", &out);
-  EXPECT_TRUE(contains(out, "examples=every prefix")) << out;
+  RankPair r;
+  ASSERT_NO_FATAL_FAILURE(
+      run_ranks_against_one(data(), dir("prefix"), 2, " --model linrec --objective last --train_prefixes", &r));
+  EXPECT_TRUE(contains(r.multi_output, "examples=every prefix")) << r.multi_output;
+  auto pa = final_params(r.single), pb = final_params(r.multi);
+  ASSERT_EQ(pa.size(), pb.size());
+  const double worst = max_difference(pa, pb);
   EXPECT_LT(worst, 1e-6) << "max |delta param| " << worst;  // as above: summation order only
 }
 
@@ -122,23 +133,16 @@ TEST_F(CliMpi, EmaCodebooksMatchOneRankWithTheGlobalBatch) {
   const std::string lisa = " --model lisa --codebook_update ema --codebooks 2 --codewords 8 --norm_first=false "
                            "--ema_decay 0.8 --blocks 1";
   for (int np : {2, 3}) {
-    const std::string single = dir("ema-single" + std::to_string(np)), multi = dir("ema-multi" + std::to_string(np));
-    auto a = run_seqrec(train_args(data(), single, 8 * np) + lisa, 300);
-    ASSERT_EQ(a.code, 0) << a.output;
-    auto b = run_command(mpirun() + " -np " + std::to_string(np) + " " + seqrec_bin() + train_args(data(), multi, 8) + lisa, 300);
-    ASSERT_EQ(b.code, 0) << b.output;
-    auto ba = final_params(single, "buffer/"), bb = final_params(multi, "buffer/");
+    RankPair r;
+    ASSERT_NO_FATAL_FAILURE(run_ranks_against_one(data(), dir("ema" + std::to_string(np)), np, lisa, &r));
+    auto ba = final_params(r.single, "buffer/"), bb = final_params(r.multi, "buffer/");
     ASSERT_EQ(ba.size(), bb.size());
     ASSERT_TRUE(ba.count("buffer/codes.sequence_pq.codebooks")) << "no EMA codebooks in the checkpoint";
-    double worst = 0;
-    for (auto& [n, t] : ba) worst = std::max(worst, (t - bb.at(n)).abs().max().item<double>());
+    const double worst = max_difference(ba, bb);
     // The statistics are sums of the same per-item terms in another order (~1e-7 relative);
     // one item missing or counted twice would move a codeword's mean by >= 1e-3.
     EXPECT_LT(worst, 1e-5) << "np " << np << ": max |delta EMA buffer| " << worst;
-    auto pa = final_params(single), pb = final_params(multi);
-    double worst_param = 0;
-    for (auto& [n, t] : pa) worst_param = std::max(worst_param, (t - pb.at(n)).abs().max().item<double>());
-    EXPECT_LT(worst_param, 1e-5) << "np " << np;
+    EXPECT_LT(max_difference(final_params(r.single), final_params(r.multi)), 1e-5) << "np " << np;
   }
 }
 
@@ -147,25 +151,17 @@ TEST_F(CliMpi, EmaCodebooksMatchOneRankWithTheGlobalBatch) {
 TEST_F(CliMpi, RoutingCentroidsMatchOneRankWithTheGlobalBatch) {
   const std::string routing = " --model routing --routing_clusters 3 --routing_window 3 --routing_decay 0.7";
   for (int np : {2, 3}) {
-    const std::string single = dir("rt-single" + std::to_string(np)), multi = dir("rt-multi" + std::to_string(np));
-    auto a = run_seqrec(train_args(data(), single, 8 * np) + routing, 300);
-    ASSERT_EQ(a.code, 0) << a.output;
-    auto b = run_command(mpirun() + " -np " + std::to_string(np) + " " + seqrec_bin() + train_args(data(), multi, 8) +
-                             routing + " --replica_check_every 1",
-                         300);
-    ASSERT_EQ(b.code, 0) << b.output;
-    auto ba = final_params(single, "buffer/"), bb = final_params(multi, "buffer/");
+    RankPair r;
+    ASSERT_NO_FATAL_FAILURE(
+        run_ranks_against_one(data(), dir("rt" + std::to_string(np)), np, routing, &r, " --replica_check_every 1"));
+    auto ba = final_params(r.single, "buffer/"), bb = final_params(r.multi, "buffer/");
     ASSERT_EQ(ba.size(), bb.size());
     ASSERT_TRUE(ba.count("buffer/block1.attn.centroids")) << "no routing centroids in the checkpoint";
-    double worst = 0;
-    for (auto& [n, t] : ba) worst = std::max(worst, (t - bb.at(n)).abs().max().item<double>());
+    const double worst = max_difference(ba, bb);
     // Sums of the same per-slot unit vectors in another order (~1e-7 relative); one slot
     // missing or counted twice moves a centroid by ~1e-2 at decay 0.7.
     EXPECT_LT(worst, 1e-5) << "np " << np << ": max |delta routing buffer| " << worst;
-    auto pa = final_params(single), pb = final_params(multi);
-    double worst_param = 0;
-    for (auto& [n, t] : pa) worst_param = std::max(worst_param, (t - pb.at(n)).abs().max().item<double>());
-    EXPECT_LT(worst_param, 1e-5) << "np " << np;
+    EXPECT_LT(max_difference(final_params(r.single), final_params(r.multi)), 1e-5) << "np " << np;
   }
 }
 
@@ -185,10 +181,7 @@ TEST_F(CliMpi, ARunSavedAtTwoRanksResumesAtOne) {
   EXPECT_TRUE(contains(b.output, "saved with 2 ranks, resuming with 1")) << b.output;
   auto c = run_seqrec(args(whole, 16, 6), 300);
   ASSERT_EQ(c.code, 0) << c.output;
-  auto pa = final_params(split), pb = final_params(whole);
-  double worst = 0;
-  for (auto& [n, t] : pa) worst = std::max(worst, (t - pb.at(n)).abs().max().item<double>());
-  EXPECT_LT(worst, 1e-6);
+  EXPECT_LT(max_difference(final_params(split), final_params(whole)), 1e-6);
 }
 
 // Expert parallelism: 6 experts per layer split over 2 ranks (3 each) for 3 steps, resumed at
