@@ -2,7 +2,7 @@
 // bench/attention_scaling.sh (one process per point, so each peak is the op's own).
 //   attention_bench --op OP --len L [--tokens 16384] [--dim 64] [--heads 1] [--interests 20]
 //                   [--codebooks 8] [--codewords 16] [--iters 3] [--device cpu|cuda|cuda:N]
-// OP: softmax | linrec | linear | linear:reference | linear:global | linear:global:reference
+// OP: softmax | linrec | linrec:global | linear | linear:reference | linear:global | linear:global:reference
 //     | lightsans | lisa | lisa:reference | routing
 //     | routing:reference | gated:softmax
 //     | gated:cosine | model:<name> | loss:softmax | loss:softmax:recompute
@@ -53,7 +53,7 @@ double status_mb(const char* key) {
 }
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|linear|linear:reference|linear:global|linear:global:reference|lightsans|lisa|lisa:reference|routing|routing:reference|"
+  std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|linrec:global|linear|linear:reference|linear:global|linear:global:reference|lightsans|lisa|lisa:reference|routing|routing:reference|"
                "gated:softmax|gated:cosine|model:<name>[:cosine]|loss:softmax[:recompute] --len L "
                "[--tokens N] [--dim D] [--items N] [--heads H] [--interests K] [--codebooks C] [--codewords W] [--iters I] "
                "[--device cpu|cuda|cuda:N]\n",
@@ -104,8 +104,8 @@ int main(int argc, char** argv) {
     return t;
   };
   std::function<at::Tensor()> run;
-  if (op == "softmax" || op == "linrec" || op == "linear" || op == "linear:reference" || op == "linear:global" ||
-      op == "linear:global:reference") {
+  if (op == "softmax" || op == "linrec" || op == "linrec:global" || op == "linear" || op == "linear:reference" ||
+      op == "linear:global" || op == "linear:global:reference") {
     auto q = leaf(torch::randn({B, heads, len, dh}, opt)), k = leaf(torch::randn({B, heads, len, dh}, opt)),
          v = leaf(torch::randn({B, heads, len, dh}, opt));
     if (op == "softmax")
@@ -114,6 +114,11 @@ int main(int argc, char** argv) {
       run = [=] {
         return seqrec::ops::linrec_attention(q, k, v, pad, seqrec::ops::LinrecNorm::kPaper,
                                              seqrec::ops::LinrecForm::kCausal);
+      };
+    else if (op == "linrec:global")
+      run = [=] {
+        return seqrec::ops::linrec_attention(q, k, v, pad, seqrec::ops::LinrecNorm::kPaper,
+                                             seqrec::ops::LinrecForm::kGlobal);
       };
     else if (op == "linear")
       run = [=] { return seqrec::ops::causal_linear_attention(q, k, v, 64); };

@@ -57,8 +57,24 @@ const char* linrec_form_name(LinrecForm form);
 
 // q, k, v: [B, H, L, Dh]; key_padding [B, L] bool, true at padded slots. Padded keys take no
 // part (neither in the sums nor in the norms); outputs at padded slots are not defined beyond
-// being finite (callers zero them).
+// being finite (callers zero them). On the CPU (float, double, unless --fused_kernels=false) the
+// global form with the paper's normalisation runs linrec_fused.cpp's kernel after ATen's ELU:
+// the normalisation and the product in two passes per sequence each way, its output laid out
+// [B, L, H, Dv] (merging the heads is a view); every other case runs linrec_attention_reference.
 at::Tensor linrec_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form);
+
+// The ATen composition of the same op (ELU, the norms, the scale, then causal_linear_attention
+// or global_linear_attention), differentiated by autograd: what the fused kernel is tested
+// against, and what runs on other devices.
+at::Tensor linrec_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form);
+
+// The fused kernel itself (linrec_fused.cpp), for linrec_attention: qe = elu(q), ke = elu(k)
+// (padded keys not yet zeroed), v, key_padding; no argument checks. linrec_fused_takes(q): the
+// kernel takes q's device and dtype and fused kernels are on.
+bool linrec_fused_takes(const at::Tensor& q);
+at::Tensor linrec_global_paper_fused(const at::Tensor& qe, const at::Tensor& ke, const at::Tensor& v,
+                                     const at::Tensor& key_padding);
 
 }  // namespace seqrec::ops

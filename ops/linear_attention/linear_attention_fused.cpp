@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "ops/cpu_features.h"
 #include "ops/kernels.h"
 #include "seqrec_config.h"
 #if SEQREC_HAVE_CUDA
@@ -36,12 +37,6 @@
 #include "ops/linear_attention/linear_attention_cuda.h"
 #endif
 
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
-#define SEQREC_LINATTN_X86 1
-#define SEQREC_LINATTN_AVX2 __attribute__((target("avx2,fma")))
-#else
-#define SEQREC_LINATTN_X86 0
-#endif
 
 namespace seqrec::ops {
 namespace {
@@ -204,35 +199,31 @@ __attribute__((always_inline)) inline void backward_any(const T* q, const T* k, 
     backward_seq(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
 }
 
-#if SEQREC_LINATTN_X86
+#if SEQREC_CPU_X86
 template <typename T, bool kGlobal>
-SEQREC_LINATTN_AVX2 void forward_avx2(const T* q, const T* k, const T* v, T* out, T* S, int64_t L, int64_t Dk,
+SEQREC_CPU_AVX2 void forward_avx2(const T* q, const T* k, const T* v, T* out, T* S, int64_t L, int64_t Dk,
                                       int64_t Dv) {
   forward_any<T, kGlobal>(q, k, v, out, S, L, Dk, Dv);
 }
 template <typename T, bool kGlobal>
-SEQREC_LINATTN_AVX2 void backward_avx2(const T* q, const T* k, const T* v, const T* g, T* gq, T* gk, T* gv, T* S,
+SEQREC_CPU_AVX2 void backward_avx2(const T* q, const T* k, const T* v, const T* g, T* gq, T* gk, T* gv, T* S,
                                        int64_t L, int64_t Dk, int64_t Dv) {
   backward_any<T, kGlobal>(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
-}
-bool have_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
 }
 #endif
 
 template <typename T, bool kGlobal>
 void forward_one(const T* q, const T* k, const T* v, T* out, T* S, int64_t L, int64_t Dk, int64_t Dv) {
-#if SEQREC_LINATTN_X86
-  if (have_avx2()) return forward_avx2<T, kGlobal>(q, k, v, out, S, L, Dk, Dv);
+#if SEQREC_CPU_X86
+  if (cpu_has_avx2_fma()) return forward_avx2<T, kGlobal>(q, k, v, out, S, L, Dk, Dv);
 #endif
   forward_any<T, kGlobal>(q, k, v, out, S, L, Dk, Dv);
 }
 template <typename T, bool kGlobal>
 void backward_one(const T* q, const T* k, const T* v, const T* g, T* gq, T* gk, T* gv, T* S, int64_t L,
                   int64_t Dk, int64_t Dv) {
-#if SEQREC_LINATTN_X86
-  if (have_avx2()) return backward_avx2<T, kGlobal>(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
+#if SEQREC_CPU_X86
+  if (cpu_has_avx2_fma()) return backward_avx2<T, kGlobal>(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
 #endif
   backward_any<T, kGlobal>(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
 }

@@ -78,13 +78,30 @@ LinrecForm parse_linrec_form(const std::string& name) {
 }
 const char* linrec_form_name(LinrecForm form) { return form == LinrecForm::kCausal ? "causal" : "global"; }
 
-at::Tensor linrec_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form) {
+namespace {
+
+void check_linrec_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       const at::Tensor& key_padding) {
   check_qkv(q, k, v);
   TORCH_CHECK(key_padding.dim() == 2 && key_padding.scalar_type() == at::kBool &&
                   key_padding.size(0) == q.size(0) && key_padding.size(1) == q.size(2),
               "key_padding must be bool [B, L] = [", q.size(0), ", ", q.size(2), "]; got ",
               key_padding.sizes(), " ", key_padding.scalar_type());
+}
+
+}  // namespace
+
+at::Tensor linrec_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form) {
+  check_linrec_args(q, k, v, key_padding);
+  if (norm == LinrecNorm::kPaper && form == LinrecForm::kGlobal && linrec_fused_takes(q))
+    return linrec_global_paper_fused(torch::elu(q), torch::elu(k), v, key_padding);
+  return linrec_attention_reference(q, k, v, key_padding, norm, form);
+}
+
+at::Tensor linrec_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form) {
+  check_linrec_args(q, k, v, key_padding);
   const double dh = static_cast<double>(q.size(3));
   // [B, 1, L, 1]: 1 at real slots, 0 at padding. Padded keys are zeroed, so they and their
   // values vanish from every sum (each product pairs a value with its own key).

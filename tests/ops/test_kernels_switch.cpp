@@ -45,6 +45,10 @@ std::vector<Case> cases() {
   out.push_back({"linear", "CausalLinearAttentionFused", [=] { return causal_linear_attention(q, k, v, 4); },
                  [=] { return causal_linear_attention_reference(q, k, v, 4); }});
 
+  out.push_back({"linrec", "LinrecGlobalPaperFused",
+                 [=] { return linrec_attention(q, k, v, pad, LinrecNorm::kPaper, LinrecForm::kGlobal); },
+                 [=] { return linrec_attention_reference(q, k, v, pad, LinrecNorm::kPaper, LinrecForm::kGlobal); }});
+
   auto kf = grad(torch::randn({B, L, D})), vf = grad(torch::randn({B, L, D}));
   auto lk = grad(torch::randn({B, L, 3})), lv = grad(torch::randn({B, L, 3}));
   out.push_back({"interest", "CausalInterestAttention",

@@ -158,9 +158,55 @@ TEST(LinearAttention, FusedKernelsMatchTheirReferences) {
         EXPECT_TRUE(close(got, want)) << where;
         const char* names[] = {"dq", "dk", "dv"};
         for (int i = 0; i < 3; ++i) EXPECT_TRUE(close(g_got[i], g_want[i])) << where << " " << names[i];
-        if (global)
+        if (global) {
           EXPECT_TRUE(close(got.select(2, c.L - 1), causal_linear_attention(q, k, v).select(2, c.L - 1))) << where;
+        }
       }
+}
+
+// LinRec's global form with the paper's normalisation, fused on the CPU (linrec_fused.cpp: what
+// linrec_attention runs there), against the ATen composition: values and the three gradients,
+// in double and float, at the widths it specialises (16, 50, 64) and generic ones (1, 5, Dk !=
+// Dv), lengths 1 to 200, left padding, all-padding rows, the heads' strided layout, a query row of
+// zeros (its norm clamped) and a key feature that is zero at every real slot (its column norm
+// clamped).
+TEST(LinearAttention, LinrecGlobalFusedMatchesTheComposition) {
+  torch::manual_seed(12);
+  struct Fused {
+    Shape s;
+    std::vector<int64_t> lengths;
+  };
+  for (auto dtype : {torch::kFloat64, torch::kFloat32})
+    for (const Fused& c : std::vector<Fused>{{{1, 1, 1, 1, 1}, {1}},
+                                             {{2, 3, 7, 5, 3}, {7, 3}},
+                                             {{3, 8, 120, 16, 16}, {120, 57, 0}},
+                                             {{2, 1, 200, 50, 50}, {200, 131}},
+                                             {{2, 2, 65, 64, 64}, {1, 65}},
+                                             {{2, 2, 9, 16, 8}, {9, 4}}}) {
+      const Shape& s = c.s;
+      auto make = [&](int64_t d) {  // [B, L, H, D] storage seen as [B, H, L, D]
+        return torch::randn({s.B, s.L, s.H, d}, dtype).transpose(1, 2).requires_grad_();
+      };
+      auto q = make(s.Dk), k = make(s.Dk), v = make(s.Dv);
+      {
+        torch::NoGradGuard no_grad;
+        q.select(2, s.L - 1).select(1, 0).zero_();  // elu(0) = 0: a zero query row
+        if (s.Dk > 1) k.select(3, 1).zero_();       // a key feature zero everywhere
+      }
+      auto pad = padding_mask(c.lengths, s.L);
+      auto gout = torch::randn({s.B, s.H, s.L, s.Dv}, dtype);
+      auto got = linrec_attention(q, k, v, pad, LinrecNorm::kPaper, LinrecForm::kGlobal);
+      ASSERT_TRUE(got.grad_fn());
+      EXPECT_NE(got.grad_fn()->name().find("LinrecGlobalPaperFused"), std::string::npos) << got.grad_fn()->name();
+      auto want = linrec_attention_reference(q, k, v, pad, LinrecNorm::kPaper, LinrecForm::kGlobal);
+      auto g_got = torch::autograd::grad({got}, {q, k, v}, {gout});
+      auto g_want = torch::autograd::grad({want}, {q, k, v}, {gout});
+      const double tol = dtype == torch::kFloat64 ? 1e-10 : 3e-5;
+      const std::string where = describe(s, dtype);
+      EXPECT_LE(relative_error(got, want), tol) << where;
+      const char* names[] = {"dq", "dk", "dv"};
+      for (int i = 0; i < 3; ++i) EXPECT_LE(relative_error(g_got[i], g_want[i]), tol) << where << " " << names[i];
+    }
 }
 
 TEST(LinearAttention, FusedKernelGradientsMatchCentralDifferences) {

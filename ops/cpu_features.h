@@ -1,0 +1,23 @@
+#pragma once
+// Function multi-versioning for the fused CPU kernels: on x86-64 with GCC or Clang a kernel's
+// loops are compiled twice, once for the baseline and once under SEQREC_CPU_AVX2 (AVX2 + FMA),
+// and cpu_has_avx2_fma() picks the second at run time when the CPU has both.
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+#define SEQREC_CPU_X86 1
+#define SEQREC_CPU_AVX2 __attribute__((target("avx2,fma")))
+#else
+#define SEQREC_CPU_X86 0
+#endif
+
+namespace seqrec::ops {
+
+#if SEQREC_CPU_X86
+inline bool cpu_has_avx2_fma() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+#else
+inline bool cpu_has_avx2_fma() { return false; }
+#endif
+
+}  // namespace seqrec::ops

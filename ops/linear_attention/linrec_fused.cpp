@@ -1,0 +1,362 @@
+// LinRec's global form with the paper's normalisation, fused on the CPU: everything of
+// linrec_attention(..., kPaper, kGlobal) after the ELU (which stays ATen's, vectorised), in two
+// passes over each sequence (b, h) forward and two backward, with a hand-written backward.
+//
+// Per sequence, qe = elu(q), ke = elu(k) at the n real slots (padded keys take no part):
+//     c[i] = sum_s ke[s, i]²                   s[i] = 1 / sqrt(max(c[i], eps) · max(n, 1))
+//     S    = sum_s ke[s] vᵀ[s]   [D x E]       r[t] = max(||qe[t]||, eps)
+//     w[t, i] = qe[t, i] · s[i] / (r[t] · sqrt(D))     out[t] = w[t]ᵀ S
+// Backward, given gout:
+//     gw[t] = S gout[t]            G  = sum_t w[t] goutᵀ[t]          ds[i] = sum_t gw[t, i] · u[t, i]
+//     gu[t] = gw[t] ⊙ s            gqe[t] = (gu[t] - qe[t] (qe[t]·gu[t]) / r²) / (r · sqrt(D))
+//     dc[i] = -½ ds[i] s[i]³ max(n, 1)   (0 where c[i] < eps, as clamp_min passes no gradient)
+//     gke[s] = G v[s] + 2 dc ⊙ ke[s],   gv[s] = Gᵀ ke[s]   (real slots; 0 at padded ones)
+// with u[t] = qe[t] / (r[t] · sqrt(D)); where ||qe[t]|| < eps the norm is the constant eps. Every
+// product is a row update (a sum of rows of S, Sᵀ, G or Gᵀ), so the widths are the vector loops
+// and no horizontal sums run per element. The widths LinRec's configs use (16: d 128 in 8 heads;
+// 50: d 50 in one) are compile-time constants; others take the generic loops. What it replaces,
+// ten elementwise ATen passes forward and twenty backward around the product, cost more than the
+// product itself (docs/benchmarks.md).
+//
+// Inputs may be strided along B, H and L (the heads of one projection, as the model passes them);
+// the output is laid out [B, L, H, E] and returned as its [B, H, L, E] view, so that merging the
+// heads back is a view.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "ops/cpu_features.h"
+#include "ops/kernels.h"
+#include "ops/linear_attention/linear_attention.h"
+
+namespace seqrec::ops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr double kEps = 1e-12;  // the reference's guard for all-zero rows and key columns
+
+// A [B, H, L, W] tensor with unit stride along W: sequence (b, h) starts at p + b·sb + h·sh,
+// its rows st apart.
+template <typename T>
+struct View {
+  T* p;
+  int64_t sb, sh, st;
+  T* seq(int64_t b, int64_t h) const { return p + b * sb + h * sh; }
+};
+template <typename T>
+View<T> view_of(const at::Tensor& t) {
+  using Plain = std::remove_const_t<T>;
+  return {t.data_ptr<Plain>(), t.stride(0), t.stride(1), t.stride(2)};
+}
+
+template <typename T>
+struct Args {
+  View<const T> qe, ke, v;
+  const bool* pad;  // [B, L], true at padded slots
+  int64_t B, H, L, D, E;
+};
+
+// Scratch per thread: the largest of forward's and backward's needs.
+inline int64_t scratch_elements(int64_t D, int64_t E) { return 3 * D * E + 6 * D + E; }
+
+template <typename T>
+__attribute__((always_inline)) inline T inv_clamped_norm(T r) {
+  return T(1) / std::max(r, T(kEps));
+}
+
+// Forward of sequence (b, h): S [D x E] and c [D] are what the backward reuses.
+template <typename T, int kD, int kE>
+__attribute__((always_inline)) inline void forward_seq(const Args<T>& a, int64_t b, int64_t h, View<T> out, T* S,
+                                                       T* c, T* scratch) {
+  const int64_t D = kD > 0 ? kD : a.D, E = kE > 0 ? kE : a.E, L = a.L;
+  const T* __restrict__ q = a.qe.seq(b, h);
+  const T* __restrict__ k = a.ke.seq(b, h);
+  const T* __restrict__ v = a.v.seq(b, h);
+  const bool* pad = a.pad + b * L;
+  T* __restrict__ o = out.seq(b, h);
+  T* __restrict__ s = scratch;
+  T* __restrict__ w = scratch + D;
+  std::fill(S, S + D * E, T(0));
+  std::fill(c, c + D, T(0));
+  int64_t n = 0;
+  for (int64_t t = 0; t < L; ++t) {
+    if (pad[t]) continue;
+    ++n;
+    const T* __restrict__ kt = k + t * a.ke.st;
+    const T* __restrict__ vt = v + t * a.v.st;
+    for (int64_t i = 0; i < D; ++i) {
+      const T ki = kt[i];
+      c[i] += ki * ki;
+      T* __restrict__ row = S + i * E;
+#pragma omp simd
+      for (int64_t j = 0; j < E; ++j) row[j] += ki * vt[j];
+    }
+  }
+  const T nn = static_cast<T>(std::max<int64_t>(n, 1)), inv_sqrt_d = T(1) / std::sqrt(static_cast<T>(D));
+  for (int64_t i = 0; i < D; ++i) s[i] = T(1) / std::sqrt(std::max(c[i], T(kEps)) * nn);
+  for (int64_t t = 0; t < L; ++t) {
+    const T* __restrict__ qt = q + t * a.qe.st;
+    T r2 = 0;
+#pragma omp simd reduction(+ : r2)
+    for (int64_t i = 0; i < D; ++i) r2 += qt[i] * qt[i];
+    const T scale = inv_clamped_norm(std::sqrt(r2)) * inv_sqrt_d;
+#pragma omp simd
+    for (int64_t i = 0; i < D; ++i) w[i] = qt[i] * scale * s[i];
+    T* __restrict__ ot = o + t * out.st;
+    std::fill(ot, ot + E, T(0));
+    for (int64_t i = 0; i < D; ++i) {
+      const T wi = w[i];
+      const T* __restrict__ row = S + i * E;
+#pragma omp simd
+      for (int64_t j = 0; j < E; ++j) ot[j] += wi * row[j];
+    }
+  }
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void transpose(const T* __restrict__ from, T* __restrict__ to, int64_t rows,
+                                                     int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) to[j * rows + i] = from[i * cols + j];
+}
+
+template <typename T, int kD, int kE>
+__attribute__((always_inline)) inline void backward_seq(const Args<T>& a, int64_t b, int64_t h, View<const T> g,
+                                                        const T* __restrict__ S, const T* __restrict__ c, View<T> gq,
+                                                        View<T> gk, View<T> gv, T* scratch) {
+  const int64_t D = kD > 0 ? kD : a.D, E = kE > 0 ? kE : a.E, L = a.L;
+  const T* __restrict__ q = a.qe.seq(b, h);
+  const T* __restrict__ k = a.ke.seq(b, h);
+  const T* __restrict__ v = a.v.seq(b, h);
+  const T* __restrict__ go = g.seq(b, h);
+  const bool* pad = a.pad + b * L;
+  T* __restrict__ ST = scratch;            // [E x D]
+  T* __restrict__ G = ST + D * E;          // [D x E]
+  T* __restrict__ GT = G + D * E;          // [E x D]
+  T* __restrict__ s = GT + D * E;          // [D]
+  T* __restrict__ ds = s + D;              // [D]
+  T* __restrict__ dc = ds + D;             // [D]
+  T* __restrict__ u = dc + D;              // [D]
+  T* __restrict__ w = u + D;               // [D]
+  T* __restrict__ gw = w + D;              // [D]
+  int64_t n = 0;
+  for (int64_t t = 0; t < L; ++t) n += pad[t] ? 0 : 1;
+  const T nn = static_cast<T>(std::max<int64_t>(n, 1)), inv_sqrt_d = T(1) / std::sqrt(static_cast<T>(D));
+  for (int64_t i = 0; i < D; ++i) s[i] = T(1) / std::sqrt(std::max(c[i], T(kEps)) * nn);
+  transpose(S, ST, D, E);
+  std::fill(G, G + D * E, T(0));
+  std::fill(ds, ds + D, T(0));
+
+  // Queries: gw = S gout[t] as a sum of rows of Sᵀ; G and ds accumulate; gqe through the row norm.
+  T* __restrict__ gqs = gq.seq(b, h);
+  for (int64_t t = 0; t < L; ++t) {
+    const T* __restrict__ qt = q + t * a.qe.st;
+    const T* __restrict__ gt = go + t * g.st;
+    T r2 = 0;
+#pragma omp simd reduction(+ : r2)
+    for (int64_t i = 0; i < D; ++i) r2 += qt[i] * qt[i];
+    const T r = std::sqrt(r2), inv_r = inv_clamped_norm(r), scale = inv_r * inv_sqrt_d;
+#pragma omp simd
+    for (int64_t i = 0; i < D; ++i) {
+      u[i] = qt[i] * scale;
+      w[i] = u[i] * s[i];
+      gw[i] = 0;
+    }
+    for (int64_t j = 0; j < E; ++j) {
+      const T gj = gt[j];
+      const T* __restrict__ row = ST + j * D;
+#pragma omp simd
+      for (int64_t i = 0; i < D; ++i) gw[i] += gj * row[i];
+    }
+    for (int64_t i = 0; i < D; ++i) {
+      const T wi = w[i];
+      T* __restrict__ row = G + i * E;
+#pragma omp simd
+      for (int64_t j = 0; j < E; ++j) row[j] += wi * gt[j];
+    }
+    T dot = 0;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t i = 0; i < D; ++i) {
+      ds[i] += gw[i] * u[i];
+      gw[i] *= s[i];  // now the gradient of u
+      dot += qt[i] * gw[i];
+    }
+    T* __restrict__ gqt = gqs + t * gq.st;
+    // Below eps the norm is a constant: no gradient through it.
+    const T along = r >= T(kEps) ? dot * inv_r * inv_r : T(0);
+#pragma omp simd
+    for (int64_t i = 0; i < D; ++i) gqt[i] = scale * (gw[i] - qt[i] * along);
+  }
+
+  for (int64_t i = 0; i < D; ++i) dc[i] = c[i] >= T(kEps) ? T(-0.5) * ds[i] * s[i] * s[i] * s[i] * nn : T(0);
+  transpose(G, GT, D, E);
+
+  // Keys and values, real slots only.
+  T* __restrict__ gks = gk.seq(b, h);
+  T* __restrict__ gvs = gv.seq(b, h);
+  for (int64_t t = 0; t < L; ++t) {
+    T* __restrict__ gkt = gks + t * gk.st;
+    T* __restrict__ gvt = gvs + t * gv.st;
+    if (pad[t]) {
+      std::fill(gkt, gkt + D, T(0));
+      std::fill(gvt, gvt + E, T(0));
+      continue;
+    }
+    const T* __restrict__ kt = k + t * a.ke.st;
+    const T* __restrict__ vt = v + t * a.v.st;
+#pragma omp simd
+    for (int64_t i = 0; i < D; ++i) gkt[i] = T(2) * dc[i] * kt[i];
+    for (int64_t j = 0; j < E; ++j) {
+      const T vj = vt[j];
+      const T* __restrict__ row = GT + j * D;
+#pragma omp simd
+      for (int64_t i = 0; i < D; ++i) gkt[i] += vj * row[i];
+    }
+    std::fill(gvt, gvt + E, T(0));
+    for (int64_t i = 0; i < D; ++i) {
+      const T ki = kt[i];
+      const T* __restrict__ row = G + i * E;
+#pragma omp simd
+      for (int64_t j = 0; j < E; ++j) gvt[j] += ki * row[j];
+    }
+  }
+}
+
+// Sequences [begin, end) of B·H, for one width specialisation; compiled once for the baseline
+// and once for AVX2 + FMA.
+template <typename T, int kD, int kE>
+__attribute__((always_inline)) inline void forward_range_any(const Args<T>& a, View<T> out, T* S, T* c, int64_t begin,
+                                                             int64_t end) {
+  std::vector<T> scratch(scratch_elements(a.D, a.E));
+  for (int64_t x = begin; x < end; ++x)
+    forward_seq<T, kD, kE>(a, x / a.H, x % a.H, out, S + x * a.D * a.E, c + x * a.D, scratch.data());
+}
+template <typename T, int kD, int kE>
+__attribute__((always_inline)) inline void backward_range_any(const Args<T>& a, View<const T> g, const T* S,
+                                                              const T* c, View<T> gq, View<T> gk, View<T> gv,
+                                                              int64_t begin, int64_t end) {
+  std::vector<T> scratch(scratch_elements(a.D, a.E));
+  for (int64_t x = begin; x < end; ++x)
+    backward_seq<T, kD, kE>(a, x / a.H, x % a.H, g, S + x * a.D * a.E, c + x * a.D, gq, gk, gv, scratch.data());
+}
+
+template <typename T, int kD, int kE>
+void forward_range(const Args<T>& a, View<T> out, T* S, T* c, int64_t begin, int64_t end) {
+  forward_range_any<T, kD, kE>(a, out, S, c, begin, end);
+}
+template <typename T, int kD, int kE>
+void backward_range(const Args<T>& a, View<const T> g, const T* S, const T* c, View<T> gq, View<T> gk, View<T> gv,
+                    int64_t begin, int64_t end) {
+  backward_range_any<T, kD, kE>(a, g, S, c, gq, gk, gv, begin, end);
+}
+#if SEQREC_CPU_X86
+template <typename T, int kD, int kE>
+SEQREC_CPU_AVX2 void forward_range_avx2(const Args<T>& a, View<T> out, T* S, T* c, int64_t begin, int64_t end) {
+  forward_range_any<T, kD, kE>(a, out, S, c, begin, end);
+}
+template <typename T, int kD, int kE>
+SEQREC_CPU_AVX2 void backward_range_avx2(const Args<T>& a, View<const T> g, const T* S, const T* c, View<T> gq,
+                                         View<T> gk, View<T> gv, int64_t begin, int64_t end) {
+  backward_range_any<T, kD, kE>(a, g, S, c, gq, gk, gv, begin, end);
+}
+#endif
+
+// Calls f(std::integral_constant<int, W>{}) with the compile-time width for D = E = W when one
+// is specialised, else with 0 (the generic loops).
+template <typename F>
+void with_width(int64_t D, int64_t E, F&& f) {
+  if (D == E) {
+    if (D == 16) return f(std::integral_constant<int, 16>{});
+    if (D == 50) return f(std::integral_constant<int, 50>{});
+    if (D == 64) return f(std::integral_constant<int, 64>{});
+  }
+  f(std::integral_constant<int, 0>{});
+}
+
+// A [B, H, L, W] tensor laid out [B, L, H, W] (the model's head layout), seen as [B, H, L, W].
+at::Tensor empty_heads(int64_t B, int64_t H, int64_t L, int64_t W, const at::TensorOptions& options) {
+  return torch::empty({B, L, H, W}, options).permute({0, 2, 1, 3});
+}
+
+// Unit stride along the last dimension, as the kernels read rows.
+at::Tensor rows_contiguous(const at::Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); }
+
+class LinrecGlobalPaperFused : public torch::autograd::Function<LinrecGlobalPaperFused> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& qe_in, const at::Tensor& ke_in,
+                               const at::Tensor& v_in, const at::Tensor& key_padding) {
+    auto qe = rows_contiguous(qe_in), ke = rows_contiguous(ke_in), v = rows_contiguous(v_in);
+    auto pad = key_padding.contiguous();
+    const int64_t B = qe.size(0), H = qe.size(1), L = qe.size(2), D = qe.size(3), E = v.size(3);
+    auto out = empty_heads(B, H, L, E, v.options());
+    auto S = torch::empty({B, H, D, E}, v.options());
+    auto c = torch::empty({B, H, D}, v.options());
+    AT_DISPATCH_FLOATING_TYPES(qe.scalar_type(), "linrec_global_paper_fused", [&] {
+      using T = scalar_t;
+      const Args<T> a{view_of<const T>(qe), view_of<const T>(ke), view_of<const T>(v), pad.data_ptr<bool>(),
+                      B, H, L, D, E};
+      const View<T> o = view_of<T>(out);
+      T *Sp = S.data_ptr<T>(), *cp = c.data_ptr<T>();
+      with_width(D, E, [&](auto width) {
+        constexpr int W = decltype(width)::value;
+        at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+#if SEQREC_CPU_X86
+          if (cpu_has_avx2_fma()) return forward_range_avx2<T, W, W>(a, o, Sp, cp, begin, end);
+#endif
+          forward_range<T, W, W>(a, o, Sp, cp, begin, end);
+        });
+      });
+    });
+    ctx->save_for_backward({qe, ke, v, pad, S, c});
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto &qe = saved[0], &ke = saved[1], &v = saved[2], &pad = saved[3], &S = saved[4], &c = saved[5];
+    const int64_t B = qe.size(0), H = qe.size(1), L = qe.size(2), D = qe.size(3), E = v.size(3);
+    auto g = rows_contiguous(grads[0]);
+    auto gq = empty_heads(B, H, L, D, qe.options()), gk = empty_heads(B, H, L, D, ke.options()),
+         gv = empty_heads(B, H, L, E, v.options());
+    AT_DISPATCH_FLOATING_TYPES(qe.scalar_type(), "linrec_global_paper_fused_backward", [&] {
+      using T = scalar_t;
+      const Args<T> a{view_of<const T>(qe), view_of<const T>(ke), view_of<const T>(v), pad.data_ptr<bool>(),
+                      B, H, L, D, E};
+      const View<const T> gv_in = view_of<const T>(g);
+      const View<T> gqv = view_of<T>(gq), gkv = view_of<T>(gk), gvv = view_of<T>(gv);
+      const T *Sp = S.data_ptr<T>(), *cp = c.data_ptr<T>();
+      with_width(D, E, [&](auto width) {
+        constexpr int W = decltype(width)::value;
+        at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+#if SEQREC_CPU_X86
+          if (cpu_has_avx2_fma())
+            return backward_range_avx2<T, W, W>(a, gv_in, Sp, cp, gqv, gkv, gvv, begin, end);
+#endif
+          backward_range<T, W, W>(a, gv_in, Sp, cp, gqv, gkv, gvv, begin, end);
+        });
+      });
+    });
+    return {gq, gk, gv, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool linrec_fused_takes(const at::Tensor& q) {
+  return fused_kernels() && q.device().is_cpu() && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble);
+}
+
+at::Tensor linrec_global_paper_fused(const at::Tensor& qe, const at::Tensor& ke, const at::Tensor& v,
+                                     const at::Tensor& key_padding) {
+  return LinrecGlobalPaperFused::apply(qe, ke, v, key_padding)[0];
+}
+
+}  // namespace seqrec::ops
