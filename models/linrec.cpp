@@ -30,10 +30,7 @@ class LinrecAttentionImpl : public AttentionModuleImpl {
 
  private:
   at::Tensor attend(const at::Tensor& x, AttentionContext& ctx, ops::LinrecForm form) {
-    const int64_t B = x.size(0), L = x.size(1), D = x.size(2), dh = D / heads_;
-    auto qkv = qkv_(x).view({B, L, 3, heads_, dh}).permute({2, 0, 3, 1, 4});  // 3 x [B, H, L, dh]
-    auto o = ops::linrec_attention(qkv[0], qkv[1], qkv[2], ctx.key_padding, norm_, form);
-    return out_(o.transpose(1, 2).reshape({B, L, D}));
+    return out_(ops::linrec_attention_packed(qkv_(x), heads_, ctx.key_padding, norm_, form));
   }
 
   int64_t heads_;

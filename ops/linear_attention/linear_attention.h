@@ -58,11 +58,18 @@ const char* linrec_form_name(LinrecForm form);
 // q, k, v: [B, H, L, Dh]; key_padding [B, L] bool, true at padded slots. Padded keys take no
 // part (neither in the sums nor in the norms); outputs at padded slots are not defined beyond
 // being finite (callers zero them). On the CPU (float, double, unless --fused_kernels=false) the
-// global form with the paper's normalisation runs linrec_fused.cpp's kernel after ATen's ELU:
-// the normalisation and the product in two passes per sequence each way, its output laid out
+// global form with the paper's normalisation runs linrec_fused.cpp's kernel: ELU, the
+// normalisation and the product in two passes per sequence each way, its output laid out
 // [B, L, H, Dv] (merging the heads is a view); every other case runs linrec_attention_reference.
 at::Tensor linrec_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form);
+
+// The same op on the packed projection the model computes: qkv [B, L, 3·D] (queries, keys,
+// values, each `heads` heads of D / heads) -> [B, L, D], the heads merged. On the CPU the fused
+// kernel reads the heads in place and returns qkv's gradient as one tensor; elsewhere the heads
+// are split, passed to linrec_attention and merged.
+at::Tensor linrec_attention_packed(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_padding,
+                                   LinrecNorm norm, LinrecForm form);
 
 // The ATen composition of the same op (ELU, the norms, the scale, then causal_linear_attention
 // or global_linear_attention), differentiated by autograd: what the fused kernel is tested
@@ -70,11 +77,11 @@ at::Tensor linrec_attention(const at::Tensor& q, const at::Tensor& k, const at::
 at::Tensor linrec_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form);
 
-// The fused kernel itself (linrec_fused.cpp), for linrec_attention: qe = elu(q), ke = elu(k)
-// (padded keys not yet zeroed), v, key_padding; no argument checks. linrec_fused_takes(q): the
-// kernel takes q's device and dtype and fused kernels are on.
+// The fused kernel's two entries (linrec_fused.cpp), for the two above: no argument checks.
+// linrec_fused_takes(q): the kernel takes q's device and dtype and fused kernels are on.
 bool linrec_fused_takes(const at::Tensor& q);
-at::Tensor linrec_global_paper_fused(const at::Tensor& qe, const at::Tensor& ke, const at::Tensor& v,
+at::Tensor linrec_global_paper_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const at::Tensor& key_padding);
+at::Tensor linrec_global_paper_packed(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_padding);
 
 }  // namespace seqrec::ops

@@ -95,8 +95,25 @@ at::Tensor linrec_attention(const at::Tensor& q, const at::Tensor& k, const at::
                             const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form) {
   check_linrec_args(q, k, v, key_padding);
   if (norm == LinrecNorm::kPaper && form == LinrecForm::kGlobal && linrec_fused_takes(q))
-    return linrec_global_paper_fused(torch::elu(q), torch::elu(k), v, key_padding);
+    return linrec_global_paper_fused(q, k, v, key_padding);
   return linrec_attention_reference(q, k, v, key_padding, norm, form);
+}
+
+at::Tensor linrec_attention_packed(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_padding,
+                                   LinrecNorm norm, LinrecForm form) {
+  TORCH_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0, "qkv must be [B, L, 3·D]; got ", qkv.sizes());
+  const int64_t B = qkv.size(0), L = qkv.size(1), D = qkv.size(2) / 3;
+  TORCH_CHECK(heads > 0 && D % heads == 0, "the width ", D, " must split into heads; got heads = ", heads);
+  if (norm == LinrecNorm::kPaper && form == LinrecForm::kGlobal && linrec_fused_takes(qkv)) {
+    TORCH_CHECK(key_padding.dim() == 2 && key_padding.scalar_type() == at::kBool && key_padding.size(0) == B &&
+                    key_padding.size(1) == L,
+                "key_padding must be bool [B, L] = [", B, ", ", L, "]; got ", key_padding.sizes(), " ",
+                key_padding.scalar_type());
+    return linrec_global_paper_packed(qkv, heads, key_padding);
+  }
+  auto split = qkv.view({B, L, 3, heads, D / heads}).permute({2, 0, 3, 1, 4});  // 3 x [B, H, L, D / H]
+  auto out = linrec_attention(split[0], split[1], split[2], key_padding, norm, form);
+  return out.transpose(1, 2).reshape({B, L, D});
 }
 
 at::Tensor linrec_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

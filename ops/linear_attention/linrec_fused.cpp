@@ -1,6 +1,6 @@
-// LinRec's global form with the paper's normalisation, fused on the CPU: everything of
-// linrec_attention(..., kPaper, kGlobal) after the ELU (which stays ATen's, vectorised), in two
-// passes over each sequence (b, h) forward and two backward, with a hand-written backward.
+// LinRec's global form with the paper's normalisation, fused on the CPU: the whole of
+// linrec_attention(..., kPaper, kGlobal), ELU included, in two passes over each sequence (b, h)
+// forward and two backward, with a hand-written backward.
 //
 // Per sequence, qe = elu(q), ke = elu(k) at the n real slots (padded keys take no part):
 //     c[i] = sum_s ke[s, i]²                   s[i] = 1 / sqrt(max(c[i], eps) · max(n, 1))
@@ -11,16 +11,19 @@
 //     gu[t] = gw[t] ⊙ s            gqe[t] = (gu[t] - qe[t] (qe[t]·gu[t]) / r²) / (r · sqrt(D))
 //     dc[i] = -½ ds[i] s[i]³ max(n, 1)   (0 where c[i] < eps, as clamp_min passes no gradient)
 //     gke[s] = G v[s] + 2 dc ⊙ ke[s],   gv[s] = Gᵀ ke[s]   (real slots; 0 at padded ones)
-// with u[t] = qe[t] / (r[t] · sqrt(D)); where ||qe[t]|| < eps the norm is the constant eps. Every
-// product is a row update (a sum of rows of S, Sᵀ, G or Gᵀ), so the widths are the vector loops
-// and no horizontal sums run per element. The widths LinRec's configs use (16: d 128 in 8 heads;
-// 50: d 50 in one) are compile-time constants; others take the generic loops. What it replaces,
-// ten elementwise ATen passes forward and twenty backward around the product, cost more than the
-// product itself (docs/benchmarks.md).
+// then through ELU (elu'(x) = 1 for x > 0, elu(x) + 1 below), with u[t] = qe[t] / (r[t] · sqrt(D));
+// where ||qe[t]|| < eps the norm is the constant eps. Every product is a row update (a sum of
+// rows of S, Sᵀ, G or Gᵀ), so the widths are the vector loops and no horizontal sums run per
+// element; ELU's exp is a branch-free polynomial in float (so that it vectorises too) and
+// std::exp in double. The widths LinRec's configs use (16: d 128 in 8 heads; 50: d 50 in one)
+// are compile-time constants; others take the generic loops. What it replaces, ten elementwise
+// ATen passes forward and twenty backward around the product, cost more than the product itself
+// (docs/benchmarks.md).
 //
-// Inputs may be strided along B, H and L (the heads of one projection, as the model passes them);
-// the output is laid out [B, L, H, E] and returned as its [B, H, L, E] view, so that merging the
-// heads back is a view.
+// Two entries share the kernels: q, k, v as separate [B, H, L, Dh] tensors (strided along B, H
+// and L; output laid out [B, L, H, Dv], returned as its [B, H, L, Dv] view), and the packed
+// projection [B, L, 3·D] the model computes (output [B, L, D], gradient [B, L, 3·D]: splitting
+// and merging the heads costs nothing either way).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
@@ -28,10 +31,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
 #include "ops/cpu_features.h"
+#include "ops/exp_nonpositive.h"
 #include "ops/kernels.h"
 #include "ops/linear_attention/linear_attention.h"
 
@@ -59,17 +64,29 @@ View<T> view_of(const at::Tensor& t) {
 
 template <typename T>
 struct Args {
-  View<const T> qe, ke, v;
+  View<const T> q, k, v;  // before ELU
   const bool* pad;  // [B, L], true at padded slots
   int64_t B, H, L, D, E;
 };
 
 // Scratch per thread: the largest of forward's and backward's needs.
-inline int64_t scratch_elements(int64_t D, int64_t E) { return 3 * D * E + 6 * D + E; }
+inline int64_t scratch_elements(int64_t D, int64_t E) { return 3 * D * E + 8 * D; }
 
 template <typename T>
 __attribute__((always_inline)) inline T inv_clamped_norm(T r) {
   return T(1) / std::max(r, T(kEps));
+}
+
+
+// e[i] = elu(x[i]) over one row of width D.
+template <typename T>
+__attribute__((always_inline)) inline void elu_row(const T* __restrict__ x, T* __restrict__ e, int64_t D) {
+#pragma omp simd
+  for (int64_t i = 0; i < D; ++i) {
+    const T xi = x[i];
+    const T neg = exp_nonpositive(xi < T(0) ? xi : T(0)) - T(1);  // both sides, then a select
+    e[i] = xi > T(0) ? xi : neg;
+  }
 }
 
 // Forward of sequence (b, h): S [D x E] and c [D] are what the backward reuses.
@@ -77,20 +94,22 @@ template <typename T, int kD, int kE>
 __attribute__((always_inline)) inline void forward_seq(const Args<T>& a, int64_t b, int64_t h, View<T> out, T* S,
                                                        T* c, T* scratch) {
   const int64_t D = kD > 0 ? kD : a.D, E = kE > 0 ? kE : a.E, L = a.L;
-  const T* __restrict__ q = a.qe.seq(b, h);
-  const T* __restrict__ k = a.ke.seq(b, h);
+  const T* __restrict__ q = a.q.seq(b, h);
+  const T* __restrict__ k = a.k.seq(b, h);
   const T* __restrict__ v = a.v.seq(b, h);
   const bool* pad = a.pad + b * L;
   T* __restrict__ o = out.seq(b, h);
   T* __restrict__ s = scratch;
   T* __restrict__ w = scratch + D;
+  T* __restrict__ e = scratch + 2 * D;  // the row after ELU
   std::fill(S, S + D * E, T(0));
   std::fill(c, c + D, T(0));
   int64_t n = 0;
   for (int64_t t = 0; t < L; ++t) {
     if (pad[t]) continue;
     ++n;
-    const T* __restrict__ kt = k + t * a.ke.st;
+    elu_row(k + t * a.k.st, e, D);
+    const T* __restrict__ kt = e;
     const T* __restrict__ vt = v + t * a.v.st;
     for (int64_t i = 0; i < D; ++i) {
       const T ki = kt[i];
@@ -103,7 +122,8 @@ __attribute__((always_inline)) inline void forward_seq(const Args<T>& a, int64_t
   const T nn = static_cast<T>(std::max<int64_t>(n, 1)), inv_sqrt_d = T(1) / std::sqrt(static_cast<T>(D));
   for (int64_t i = 0; i < D; ++i) s[i] = T(1) / std::sqrt(std::max(c[i], T(kEps)) * nn);
   for (int64_t t = 0; t < L; ++t) {
-    const T* __restrict__ qt = q + t * a.qe.st;
+    elu_row(q + t * a.q.st, e, D);
+    const T* __restrict__ qt = e;
     T r2 = 0;
 #pragma omp simd reduction(+ : r2)
     for (int64_t i = 0; i < D; ++i) r2 += qt[i] * qt[i];
@@ -133,8 +153,8 @@ __attribute__((always_inline)) inline void backward_seq(const Args<T>& a, int64_
                                                         const T* __restrict__ S, const T* __restrict__ c, View<T> gq,
                                                         View<T> gk, View<T> gv, T* scratch) {
   const int64_t D = kD > 0 ? kD : a.D, E = kE > 0 ? kE : a.E, L = a.L;
-  const T* __restrict__ q = a.qe.seq(b, h);
-  const T* __restrict__ k = a.ke.seq(b, h);
+  const T* __restrict__ q = a.q.seq(b, h);
+  const T* __restrict__ k = a.k.seq(b, h);
   const T* __restrict__ v = a.v.seq(b, h);
   const T* __restrict__ go = g.seq(b, h);
   const bool* pad = a.pad + b * L;
@@ -147,6 +167,7 @@ __attribute__((always_inline)) inline void backward_seq(const Args<T>& a, int64_
   T* __restrict__ u = dc + D;              // [D]
   T* __restrict__ w = u + D;               // [D]
   T* __restrict__ gw = w + D;              // [D]
+  T* __restrict__ e = gw + D;              // [D]: the row after ELU
   int64_t n = 0;
   for (int64_t t = 0; t < L; ++t) n += pad[t] ? 0 : 1;
   const T nn = static_cast<T>(std::max<int64_t>(n, 1)), inv_sqrt_d = T(1) / std::sqrt(static_cast<T>(D));
@@ -158,7 +179,9 @@ __attribute__((always_inline)) inline void backward_seq(const Args<T>& a, int64_
   // Queries: gw = S gout[t] as a sum of rows of Sᵀ; G and ds accumulate; gqe through the row norm.
   T* __restrict__ gqs = gq.seq(b, h);
   for (int64_t t = 0; t < L; ++t) {
-    const T* __restrict__ qt = q + t * a.qe.st;
+    const T* __restrict__ qraw = q + t * a.q.st;
+    elu_row(qraw, e, D);
+    const T* __restrict__ qt = e;
     const T* __restrict__ gt = go + t * g.st;
     T r2 = 0;
 #pragma omp simd reduction(+ : r2)
@@ -193,7 +216,8 @@ __attribute__((always_inline)) inline void backward_seq(const Args<T>& a, int64_
     // Below eps the norm is a constant: no gradient through it.
     const T along = r >= T(kEps) ? dot * inv_r * inv_r : T(0);
 #pragma omp simd
-    for (int64_t i = 0; i < D; ++i) gqt[i] = scale * (gw[i] - qt[i] * along);
+    for (int64_t i = 0; i < D; ++i)
+      gqt[i] = scale * (gw[i] - qt[i] * along) * (qraw[i] > T(0) ? T(1) : qt[i] + T(1));
   }
 
   for (int64_t i = 0; i < D; ++i) dc[i] = c[i] >= T(kEps) ? T(-0.5) * ds[i] * s[i] * s[i] * s[i] * nn : T(0);
@@ -210,16 +234,20 @@ __attribute__((always_inline)) inline void backward_seq(const Args<T>& a, int64_
       std::fill(gvt, gvt + E, T(0));
       continue;
     }
-    const T* __restrict__ kt = k + t * a.ke.st;
+    const T* __restrict__ kraw = k + t * a.k.st;
+    elu_row(kraw, e, D);
+    const T* __restrict__ kt = e;
     const T* __restrict__ vt = v + t * a.v.st;
 #pragma omp simd
-    for (int64_t i = 0; i < D; ++i) gkt[i] = T(2) * dc[i] * kt[i];
+    for (int64_t i = 0; i < D; ++i) gw[i] = T(2) * dc[i] * kt[i];  // gw: the keys' gradient after ELU
     for (int64_t j = 0; j < E; ++j) {
       const T vj = vt[j];
       const T* __restrict__ row = GT + j * D;
 #pragma omp simd
-      for (int64_t i = 0; i < D; ++i) gkt[i] += vj * row[i];
+      for (int64_t i = 0; i < D; ++i) gw[i] += vj * row[i];
     }
+#pragma omp simd
+    for (int64_t i = 0; i < D; ++i) gkt[i] = gw[i] * (kraw[i] > T(0) ? T(1) : kt[i] + T(1));
     std::fill(gvt, gvt + E, T(0));
     for (int64_t i = 0; i < D; ++i) {
       const T ki = kt[i];
@@ -287,64 +315,112 @@ at::Tensor empty_heads(int64_t B, int64_t H, int64_t L, int64_t W, const at::Ten
 }
 
 // Unit stride along the last dimension, as the kernels read rows.
-at::Tensor rows_contiguous(const at::Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); }
+at::Tensor rows_contiguous(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
 
-class LinrecGlobalPaperFused : public torch::autograd::Function<LinrecGlobalPaperFused> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& qe_in, const at::Tensor& ke_in,
-                               const at::Tensor& v_in, const at::Tensor& key_padding) {
-    auto qe = rows_contiguous(qe_in), ke = rows_contiguous(ke_in), v = rows_contiguous(v_in);
-    auto pad = key_padding.contiguous();
-    const int64_t B = qe.size(0), H = qe.size(1), L = qe.size(2), D = qe.size(3), E = v.size(3);
-    auto out = empty_heads(B, H, L, E, v.options());
-    auto S = torch::empty({B, H, D, E}, v.options());
-    auto c = torch::empty({B, H, D}, v.options());
-    AT_DISPATCH_FLOATING_TYPES(qe.scalar_type(), "linrec_global_paper_fused", [&] {
-      using T = scalar_t;
-      const Args<T> a{view_of<const T>(qe), view_of<const T>(ke), view_of<const T>(v), pad.data_ptr<bool>(),
-                      B, H, L, D, E};
-      const View<T> o = view_of<T>(out);
-      T *Sp = S.data_ptr<T>(), *cp = c.data_ptr<T>();
-      with_width(D, E, [&](auto width) {
-        constexpr int W = decltype(width)::value;
-        at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+// Heads h of a [B, L, H·W] tensor (at column offset col) seen as [B, H, L, W].
+at::Tensor heads_of(const at::Tensor& packed, int64_t H, int64_t W, int64_t col) {
+  const int64_t B = packed.size(0), L = packed.size(1);
+  return packed.as_strided({B, H, L, W}, {packed.stride(0), W, packed.stride(1), 1}, packed.storage_offset() + col);
+}
+
+// Both passes of either direction over all B·H sequences. q, k, v, out, g, gq, gk, gv: [B, H, L, *]
+// with unit stride along the last dimension; S [B, H, D, E] and c [B, H, D] contiguous.
+void launch_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pad,
+                    const at::Tensor& out, const at::Tensor& S, const at::Tensor& c) {
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), D = q.size(3), E = v.size(3);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "linrec_global_paper_fused", [&] {
+    using T = scalar_t;
+    const Args<T> a{view_of<const T>(q), view_of<const T>(k), view_of<const T>(v), pad.data_ptr<bool>(), B, H, L, D, E};
+    const View<T> o = view_of<T>(out);
+    T *Sp = S.data_ptr<T>(), *cp = c.data_ptr<T>();
+    with_width(D, E, [&](auto width) {
+      constexpr int W = decltype(width)::value;
+      at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
 #if SEQREC_CPU_X86
-          if (cpu_has_avx2_fma()) return forward_range_avx2<T, W, W>(a, o, Sp, cp, begin, end);
+        if (cpu_has_avx2_fma()) return forward_range_avx2<T, W, W>(a, o, Sp, cp, begin, end);
 #endif
-          forward_range<T, W, W>(a, o, Sp, cp, begin, end);
-        });
+        forward_range<T, W, W>(a, o, Sp, cp, begin, end);
       });
     });
-    ctx->save_for_backward({qe, ke, v, pad, S, c});
+  });
+}
+
+void launch_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pad,
+                     const at::Tensor& S, const at::Tensor& c, const at::Tensor& g, const at::Tensor& gq,
+                     const at::Tensor& gk, const at::Tensor& gv) {
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), D = q.size(3), E = v.size(3);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "linrec_global_paper_fused_backward", [&] {
+    using T = scalar_t;
+    const Args<T> a{view_of<const T>(q), view_of<const T>(k), view_of<const T>(v), pad.data_ptr<bool>(), B, H, L, D, E};
+    const View<const T> gout = view_of<const T>(g);
+    const View<T> gqv = view_of<T>(gq), gkv = view_of<T>(gk), gvv = view_of<T>(gv);
+    const T *Sp = S.data_ptr<T>(), *cp = c.data_ptr<T>();
+    with_width(D, E, [&](auto width) {
+      constexpr int W = decltype(width)::value;
+      at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+#if SEQREC_CPU_X86
+        if (cpu_has_avx2_fma()) return backward_range_avx2<T, W, W>(a, gout, Sp, cp, gqv, gkv, gvv, begin, end);
+#endif
+        backward_range<T, W, W>(a, gout, Sp, cp, gqv, gkv, gvv, begin, end);
+      });
+    });
+  });
+}
+
+// q, k, v as separate [B, H, L, *] tensors.
+class LinrecGlobalPaperFused : public torch::autograd::Function<LinrecGlobalPaperFused> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
+                               const at::Tensor& v_in, const at::Tensor& key_padding) {
+    auto q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
+    auto pad = key_padding.contiguous();
+    const int64_t B = q.size(0), H = q.size(1), L = q.size(2), D = q.size(3), E = v.size(3);
+    auto out = empty_heads(B, H, L, E, v.options());
+    auto S = torch::empty({B, H, D, E}, v.options()), c = torch::empty({B, H, D}, v.options());
+    launch_forward(q, k, v, pad, out, S, c);
+    ctx->save_for_backward({q, k, v, pad, S, c});
     return {out};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    const auto &qe = saved[0], &ke = saved[1], &v = saved[2], &pad = saved[3], &S = saved[4], &c = saved[5];
-    const int64_t B = qe.size(0), H = qe.size(1), L = qe.size(2), D = qe.size(3), E = v.size(3);
-    auto g = rows_contiguous(grads[0]);
-    auto gq = empty_heads(B, H, L, D, qe.options()), gk = empty_heads(B, H, L, D, ke.options()),
+    const auto &q = saved[0], &k = saved[1], &v = saved[2];
+    const int64_t B = q.size(0), H = q.size(1), L = q.size(2), D = q.size(3), E = v.size(3);
+    auto gq = empty_heads(B, H, L, D, q.options()), gk = empty_heads(B, H, L, D, k.options()),
          gv = empty_heads(B, H, L, E, v.options());
-    AT_DISPATCH_FLOATING_TYPES(qe.scalar_type(), "linrec_global_paper_fused_backward", [&] {
-      using T = scalar_t;
-      const Args<T> a{view_of<const T>(qe), view_of<const T>(ke), view_of<const T>(v), pad.data_ptr<bool>(),
-                      B, H, L, D, E};
-      const View<const T> gv_in = view_of<const T>(g);
-      const View<T> gqv = view_of<T>(gq), gkv = view_of<T>(gk), gvv = view_of<T>(gv);
-      const T *Sp = S.data_ptr<T>(), *cp = c.data_ptr<T>();
-      with_width(D, E, [&](auto width) {
-        constexpr int W = decltype(width)::value;
-        at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-#if SEQREC_CPU_X86
-          if (cpu_has_avx2_fma())
-            return backward_range_avx2<T, W, W>(a, gv_in, Sp, cp, gqv, gkv, gvv, begin, end);
-#endif
-          backward_range<T, W, W>(a, gv_in, Sp, cp, gqv, gkv, gvv, begin, end);
-        });
-      });
-    });
+    launch_backward(q, k, v, saved[3], saved[4], saved[5], rows_contiguous(grads[0]), gq, gk, gv);
     return {gq, gk, gv, at::Tensor()};
+  }
+};
+
+// The packed projection [B, L, 3·D] (queries, keys, values, each H heads of D / H).
+class LinrecGlobalPaperPacked : public torch::autograd::Function<LinrecGlobalPaperPacked> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& qkv_in, const at::Tensor& key_padding,
+                               int64_t heads) {
+    auto qkv = rows_contiguous(qkv_in);
+    auto pad = key_padding.contiguous();
+    const int64_t B = qkv.size(0), L = qkv.size(1), D = qkv.size(2) / 3, W = D / heads;
+    auto out = torch::empty({B, L, D}, qkv.options());
+    auto S = torch::empty({B, heads, W, W}, qkv.options()), c = torch::empty({B, heads, W}, qkv.options());
+    launch_forward(heads_of(qkv, heads, W, 0), heads_of(qkv, heads, W, D), heads_of(qkv, heads, W, 2 * D), pad,
+                   heads_of(out, heads, W, 0), S, c);
+    ctx->save_for_backward({qkv, pad, S, c});
+    ctx->saved_data["heads"] = heads;
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto& qkv = saved[0];
+    const int64_t heads = ctx->saved_data["heads"].toInt();
+    const int64_t D = qkv.size(2) / 3, W = D / heads;
+    auto g = rows_contiguous(grads[0]);
+    auto gqkv = torch::empty({qkv.size(0), qkv.size(1), 3 * D}, qkv.options());
+    launch_backward(heads_of(qkv, heads, W, 0), heads_of(qkv, heads, W, D), heads_of(qkv, heads, W, 2 * D), saved[1],
+                    saved[2], saved[3], heads_of(g, heads, W, 0), heads_of(gqkv, heads, W, 0),
+                    heads_of(gqkv, heads, W, D), heads_of(gqkv, heads, W, 2 * D));
+    return {gqkv, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -354,9 +430,13 @@ bool linrec_fused_takes(const at::Tensor& q) {
   return fused_kernels() && q.device().is_cpu() && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble);
 }
 
-at::Tensor linrec_global_paper_fused(const at::Tensor& qe, const at::Tensor& ke, const at::Tensor& v,
+at::Tensor linrec_global_paper_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const at::Tensor& key_padding) {
-  return LinrecGlobalPaperFused::apply(qe, ke, v, key_padding)[0];
+  return LinrecGlobalPaperFused::apply(q, k, v, key_padding)[0];
+}
+
+at::Tensor linrec_global_paper_packed(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_padding) {
+  return LinrecGlobalPaperPacked::apply(qkv, key_padding, heads)[0];
 }
 
 }  // namespace seqrec::ops

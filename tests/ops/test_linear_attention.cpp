@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/exp_nonpositive.h"
 #include "ops/linear_attention/linear_attention.h"
 #include "ops/linear_attention/linear_attention_cuda.h"
 #include "tests/ops/op_test_util.h"
@@ -206,7 +207,55 @@ TEST(LinearAttention, LinrecGlobalFusedMatchesTheComposition) {
       EXPECT_LE(relative_error(got, want), tol) << where;
       const char* names[] = {"dq", "dk", "dv"};
       for (int i = 0; i < 3; ++i) EXPECT_LE(relative_error(g_got[i], g_want[i]), tol) << where << " " << names[i];
+      if (s.Dk != s.Dv) continue;
+      // The packed entry (the model's [B, L, 3·D] projection in, [B, L, D] out) on the same numbers.
+      auto qkv = torch::cat({q, k, v}, 1).detach().transpose(1, 2).reshape({s.B, s.L, 3 * s.H * s.Dk});
+      qkv.requires_grad_();
+      auto packed = linrec_attention_packed(qkv, s.H, pad, LinrecNorm::kPaper, LinrecForm::kGlobal);
+      EXPECT_NE(packed.grad_fn()->name().find("LinrecGlobalPaperPacked"), std::string::npos) << packed.grad_fn()->name();
+      auto merged = [&](const at::Tensor& t) { return t.transpose(1, 2).reshape({s.B, s.L, s.H * s.Dk}); };
+      EXPECT_LE(relative_error(packed, merged(want)), tol) << where << " packed";
+      auto g_packed = torch::autograd::grad({packed}, {qkv}, {merged(gout)})[0];
+      EXPECT_LE(relative_error(g_packed, torch::cat({merged(g_want[0]), merged(g_want[1]), merged(g_want[2])}, 2)), tol)
+          << where << " packed dqkv";
     }
+}
+
+// The fused LinRec kernel's float exp (its ELU) against std::exp in double, every 1/1024 from
+// -87 to 0 and the ends: within 2 ulp of the true value; below -87 it holds exp(-87).
+TEST(LinearAttention, FloatExpIsWithinTwoUlp) {
+  double worst = 0;
+  for (int i = 0; i <= 87 * 1024; ++i) {
+    const float x = -static_cast<float>(i) / 1024.0f;
+    const double want = std::exp(static_cast<double>(x));
+    const double ulp = std::nextafter(static_cast<float>(want), 1.0f) - static_cast<float>(want);
+    worst = std::max(worst, std::abs(exp_nonpositive(x) - want) / ulp);
+  }
+  EXPECT_LE(worst, 2.0);
+  EXPECT_EQ(exp_nonpositive(0.0f), 1.0f);
+  EXPECT_EQ(exp_nonpositive(-200.0f), exp_nonpositive(-87.0f));
+  EXPECT_GT(exp_nonpositive(-87.0f), 0.0f);
+}
+
+// The packed entry off the fused kernel (the causal form, or fused kernels off) splits the heads
+// and runs linrec_attention: the same numbers as calling it on the split heads.
+TEST(LinearAttention, PackedEntrySplitsTheHeadsElsewhere) {
+  torch::manual_seed(13);
+  const int64_t B = 2, L = 11, H = 2, W = 4;
+  auto qkv = torch::randn({B, L, 3 * H * W}, torch::kFloat64);
+  auto pad = padding_mask({11, 6}, L);
+  auto split = qkv.view({B, L, 3, H, W}).permute({2, 0, 3, 1, 4});
+  for (auto norm : {LinrecNorm::kPaper, LinrecNorm::kCode}) {
+    auto got = linrec_attention_packed(qkv, H, pad, norm, LinrecForm::kCausal);
+    auto want = linrec_attention(split[0], split[1], split[2], pad, norm, LinrecForm::kCausal);
+    EXPECT_TRUE(torch::allclose(got, want.transpose(1, 2).reshape({B, L, H * W}), 1e-12, 1e-12));
+  }
+  EXPECT_THROW(linrec_attention_packed(qkv.narrow(2, 0, 3 * H * W - 1), H, pad, LinrecNorm::kPaper,
+                                       LinrecForm::kGlobal),
+               c10::Error);
+  EXPECT_THROW(linrec_attention_packed(qkv, 3, pad, LinrecNorm::kPaper, LinrecForm::kGlobal), c10::Error);
+  EXPECT_THROW(linrec_attention_packed(qkv, H, pad.narrow(1, 0, L - 1), LinrecNorm::kPaper, LinrecForm::kGlobal),
+               c10::Error);
 }
 
 TEST(LinearAttention, FusedKernelGradientsMatchCentralDifferences) {
