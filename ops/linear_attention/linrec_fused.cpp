@@ -89,6 +89,48 @@ __attribute__((always_inline)) inline void elu_row(const T* __restrict__ x, T* _
   }
 }
 
+// out[j] = sum_{i < n} w[i] M[i, j] for j < W (M [n x W] row-major): the rows of M weighted by w.
+// Rows as narrow as 16 (two AVX2 registers) would make one chain of dependent multiply-adds,
+// latency-bound; there four partial sums of every fourth row run side by side.
+template <typename T, int kW>
+__attribute__((always_inline)) inline void weighted_rows(const T* __restrict__ w, const T* __restrict__ M, int64_t n,
+                                                         int64_t W_, T* __restrict__ out) {
+  if constexpr (kW > 0 && kW <= 16) {
+    T a0[kW], a1[kW], a2[kW], a3[kW];
+#pragma omp simd
+    for (int64_t j = 0; j < kW; ++j) a0[j] = a1[j] = a2[j] = a3[j] = T(0);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+      const T w0 = w[i], w1 = w[i + 1], w2 = w[i + 2], w3 = w[i + 3];
+      const T* __restrict__ r = M + i * kW;
+#pragma omp simd
+      for (int64_t j = 0; j < kW; ++j) {
+        a0[j] += w0 * r[j];
+        a1[j] += w1 * r[kW + j];
+        a2[j] += w2 * r[2 * kW + j];
+        a3[j] += w3 * r[3 * kW + j];
+      }
+    }
+    for (; i < n; ++i) {
+      const T wi = w[i];
+      const T* __restrict__ r = M + i * kW;
+#pragma omp simd
+      for (int64_t j = 0; j < kW; ++j) a0[j] += wi * r[j];
+    }
+#pragma omp simd
+    for (int64_t j = 0; j < kW; ++j) out[j] = (a0[j] + a1[j]) + (a2[j] + a3[j]);
+  } else {
+    const int64_t W = kW > 0 ? kW : W_;
+    std::fill(out, out + W, T(0));
+    for (int64_t i = 0; i < n; ++i) {
+      const T wi = w[i];
+      const T* __restrict__ r = M + i * W;
+#pragma omp simd
+      for (int64_t j = 0; j < W; ++j) out[j] += wi * r[j];
+    }
+  }
+}
+
 // Forward of sequence (b, h): S [D x E] and c [D] are what the backward reuses.
 template <typename T, int kD, int kE>
 __attribute__((always_inline)) inline void forward_seq(const Args<T>& a, int64_t b, int64_t h, View<T> out, T* S,
@@ -130,14 +172,7 @@ __attribute__((always_inline)) inline void forward_seq(const Args<T>& a, int64_t
     const T scale = inv_clamped_norm(std::sqrt(r2)) * inv_sqrt_d;
 #pragma omp simd
     for (int64_t i = 0; i < D; ++i) w[i] = qt[i] * scale * s[i];
-    T* __restrict__ ot = o + t * out.st;
-    std::fill(ot, ot + E, T(0));
-    for (int64_t i = 0; i < D; ++i) {
-      const T wi = w[i];
-      const T* __restrict__ row = S + i * E;
-#pragma omp simd
-      for (int64_t j = 0; j < E; ++j) ot[j] += wi * row[j];
-    }
+    weighted_rows<T, kE>(w, S, D, E, o + t * out.st);
   }
 }
 
@@ -191,14 +226,8 @@ __attribute__((always_inline)) inline void backward_seq(const Args<T>& a, int64_
     for (int64_t i = 0; i < D; ++i) {
       u[i] = qt[i] * scale;
       w[i] = u[i] * s[i];
-      gw[i] = 0;
     }
-    for (int64_t j = 0; j < E; ++j) {
-      const T gj = gt[j];
-      const T* __restrict__ row = ST + j * D;
-#pragma omp simd
-      for (int64_t i = 0; i < D; ++i) gw[i] += gj * row[i];
-    }
+    weighted_rows<T, kD>(gt, ST, E, D, gw);
     for (int64_t i = 0; i < D; ++i) {
       const T wi = w[i];
       T* __restrict__ row = G + i * E;
@@ -238,23 +267,11 @@ __attribute__((always_inline)) inline void backward_seq(const Args<T>& a, int64_
     elu_row(kraw, e, D);
     const T* __restrict__ kt = e;
     const T* __restrict__ vt = v + t * a.v.st;
+    weighted_rows<T, kD>(vt, GT, E, D, gw);  // gw: the keys' gradient after ELU, less the norm's term
 #pragma omp simd
-    for (int64_t i = 0; i < D; ++i) gw[i] = T(2) * dc[i] * kt[i];  // gw: the keys' gradient after ELU
-    for (int64_t j = 0; j < E; ++j) {
-      const T vj = vt[j];
-      const T* __restrict__ row = GT + j * D;
-#pragma omp simd
-      for (int64_t i = 0; i < D; ++i) gw[i] += vj * row[i];
-    }
-#pragma omp simd
-    for (int64_t i = 0; i < D; ++i) gkt[i] = gw[i] * (kraw[i] > T(0) ? T(1) : kt[i] + T(1));
-    std::fill(gvt, gvt + E, T(0));
-    for (int64_t i = 0; i < D; ++i) {
-      const T ki = kt[i];
-      const T* __restrict__ row = G + i * E;
-#pragma omp simd
-      for (int64_t j = 0; j < E; ++j) gvt[j] += ki * row[j];
-    }
+    for (int64_t i = 0; i < D; ++i)
+      gkt[i] = (gw[i] + T(2) * dc[i] * kt[i]) * (kraw[i] > T(0) ? T(1) : kt[i] + T(1));
+    weighted_rows<T, kE>(kt, G, D, E, gvt);
   }
 }
 
