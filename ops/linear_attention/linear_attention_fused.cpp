@@ -29,6 +29,7 @@
 
 #include "ops/cpu_features.h"
 #include "ops/kernels.h"
+#include "ops/linear_attention/row_sums.h"
 #include "seqrec_config.h"
 #if SEQREC_HAVE_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -131,17 +132,7 @@ __attribute__((always_inline)) inline void global_forward_seq(const T* __restric
                                                               const T* __restrict__ v, T* __restrict__ out,
                                                               T* __restrict__ S, int64_t L, int64_t Dk, int64_t Dv) {
   outer_sum(k, v, S, L, Dk, Dv);
-  for (int64_t t = 0; t < L; ++t) {
-    const T* qt = q + t * Dk;
-    T* __restrict__ ot = out + t * Dv;
-    std::fill(ot, ot + Dv, T(0));
-    for (int64_t i = 0; i < Dk; ++i) {
-      const T qi = qt[i];
-      const T* __restrict__ row = S + i * Dv;
-#pragma omp simd
-      for (int64_t j = 0; j < Dv; ++j) ot[j] += qi * row[j];
-    }
-  }
+  for (int64_t t = 0; t < L; ++t) weighted_rows<T, 0>(q + t * Dk, S, Dk, Dv, out + t * Dv);
 }
 
 // S holds 2·Dk·Dv: S, then G.
