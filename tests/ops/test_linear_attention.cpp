@@ -278,6 +278,13 @@ TEST(LinearAttention, FusedKernelEmptyShapes) {
       EXPECT_EQ(out.abs().sum().item<double>(), 0.0);
     }
   }
+  // LinRec's fused op (global, paper) on no slots and on zero-width heads: empty or zero, finite.
+  auto none = linrec_attention(torch::randn({2, 1, 0, 4}), torch::randn({2, 1, 0, 4}), torch::randn({2, 1, 0, 4}),
+                               torch::zeros({2, 0}, torch::kBool), LinrecNorm::kPaper, LinrecForm::kGlobal);
+  EXPECT_EQ(none.sizes(), (std::vector<int64_t>{2, 1, 0, 4}));
+  auto packed = linrec_attention_packed(torch::randn({2, 5, 0}), 1, torch::zeros({2, 5}, torch::kBool),
+                                        LinrecNorm::kPaper, LinrecForm::kGlobal);
+  EXPECT_EQ(packed.sizes(), (std::vector<int64_t>{2, 5, 0}));
 }
 
 // The CUDA kernel's phases emulated on the CPU (linear_attention_kernel.h: every block of both
