@@ -11,7 +11,8 @@
 #      Routing in their configs, each kernel also against its reference (--fused_kernels=false),
 #      and FLASH4Rec; the common setting and FLASH4Rec also in the CPU's 8 length slices;
 #      time the attention ops forward + backward at L = 200, 1,024, 4,096 (OP_BENCH=0 skips);
-#      profile 10 steps of SASRec and LinRec in the common setting (PROFILE=0 skips);
+#      time SASRec's and LinRec's attention alone at the prefix scheme's batch (PREFIX_SPLIT=0
+#      skips); profile 10 steps of SASRec and LinRec in the common setting (PROFILE=0 skips);
 #   3. start the training runs listed in GPU_RUNS (one "NAME FLAGS..." per line, # comments;
 #      bench/gpu_runs_flash4rec_size.txt is one such list), side by side
 #      on the GPU, each cut off at the budget's end (SIGTERM: it checkpoints); a run whose NAME
@@ -116,6 +117,14 @@ ALL_OPS="softmax linear linear:reference linrec gated:cosine lisa lisa:reference
   for op in ${OPS:-$ALL_OPS}; do
     say "op $(timeout 60 build-gpu/bench/attention_bench --device cuda --op $op --len $L --tokens 25600 --dim 50 --iters 5 2>&1 | tail -1)"
   done
+done
+
+# 2a'. How much of a prefix-scheme step (batch 2048 of L 200, d 128 in 8 heads) is attention:
+# SASRec's and LinRec's attention ops alone at that token count, forward and backward
+# (PREFIX_SPLIT=0 skips). The rest of the two steps (112 and 73 ms on an H100) is what they share.
+[ "${PREFIX_SPLIT:-1}" = 0 ] || for op in softmax linrec:global; do
+  say "prefix-scheme attention $op: $(timeout "$(left)" build-gpu/bench/attention_bench --op $op --len 200 \
+    --tokens 409600 --dim 128 --heads 8 --iters 10 --device cuda 2>&1 | tail -1)"
 done
 
 # 2b. Where a GPU step goes: 10 profiled steps of each model in the common setting (host-side
