@@ -70,14 +70,14 @@ struct Args {
   int64_t B, H, L, D, E;
 };
 
-// Scratch per thread: the largest of forward's and backward's needs.
-inline int64_t scratch_elements(int64_t D, int64_t E) { return 3 * D * E + 8 * D; }
+// Scratch per thread, the larger of the two passes' needs: forward 3 rows of D; backward Sᵀ, G
+// and Gᵀ, and 7 rows of D.
+inline int64_t scratch_elements(int64_t D, int64_t E) { return 3 * D * E + 7 * D; }
 
 template <typename T>
 __attribute__((always_inline)) inline T inv_clamped_norm(T r) {
   return T(1) / std::max(r, T(kEps));
 }
-
 
 // e[i] = elu(x[i]) over one row of width D.
 template <typename T>
