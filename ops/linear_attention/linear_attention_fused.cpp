@@ -38,7 +38,6 @@
 #include "ops/linear_attention/linear_attention_cuda.h"
 #endif
 
-
 namespace seqrec::ops {
 namespace {
 
@@ -193,12 +192,12 @@ __attribute__((always_inline)) inline void backward_any(const T* q, const T* k, 
 #if SEQREC_CPU_X86
 template <typename T, bool kGlobal>
 SEQREC_CPU_AVX2 void forward_avx2(const T* q, const T* k, const T* v, T* out, T* S, int64_t L, int64_t Dk,
-                                      int64_t Dv) {
+                                  int64_t Dv) {
   forward_any<T, kGlobal>(q, k, v, out, S, L, Dk, Dv);
 }
 template <typename T, bool kGlobal>
 SEQREC_CPU_AVX2 void backward_avx2(const T* q, const T* k, const T* v, const T* g, T* gq, T* gk, T* gv, T* S,
-                                       int64_t L, int64_t Dk, int64_t Dv) {
+                                   int64_t L, int64_t Dk, int64_t Dv) {
   backward_any<T, kGlobal>(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
 }
 #endif

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "ops/op_checks.h"
+
 namespace seqrec::ops {
 namespace {
 
@@ -83,10 +85,7 @@ namespace {
 void check_linrec_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        const at::Tensor& key_padding) {
   check_qkv(q, k, v);
-  TORCH_CHECK(key_padding.dim() == 2 && key_padding.scalar_type() == at::kBool &&
-                  key_padding.size(0) == q.size(0) && key_padding.size(1) == q.size(2),
-              "key_padding must be bool [B, L] = [", q.size(0), ", ", q.size(2), "]; got ",
-              key_padding.sizes(), " ", key_padding.scalar_type());
+  detail::check_key_padding(key_padding, q.size(0), q.size(2));
 }
 
 }  // namespace
@@ -105,13 +104,10 @@ at::Tensor linrec_attention_packed(const at::Tensor& qkv, int64_t heads, const a
   const int64_t B = qkv.size(0), L = qkv.size(1), D = qkv.size(2) / 3;
   TORCH_CHECK(heads > 0 && D % heads == 0, "the width ", D, " must split into heads; got heads = ", heads);
   if (norm == LinrecNorm::kPaper && form == LinrecForm::kGlobal && linrec_fused_takes(qkv)) {
-    TORCH_CHECK(key_padding.dim() == 2 && key_padding.scalar_type() == at::kBool && key_padding.size(0) == B &&
-                    key_padding.size(1) == L,
-                "key_padding must be bool [B, L] = [", B, ", ", L, "]; got ", key_padding.sizes(), " ",
-                key_padding.scalar_type());
+    detail::check_key_padding(key_padding, B, L);
     return linrec_global_paper_packed(qkv, heads, key_padding);
   }
-  auto split = qkv.view({B, L, 3, heads, D / heads}).permute({2, 0, 3, 1, 4});  // 3 x [B, H, L, D / H]
+  auto split = qkv.reshape({B, L, 3, heads, D / heads}).permute({2, 0, 3, 1, 4});  // 3 x [B, H, L, D / H]
   auto out = linrec_attention(split[0], split[1], split[2], key_padding, norm, form);
   return out.transpose(1, 2).reshape({B, L, D});
 }
