@@ -20,8 +20,9 @@ class SoftmaxAttentionImpl : public AttentionModuleImpl {
 
   at::Tensor forward(const at::Tensor& x, AttentionContext& ctx) override {
     const int64_t B = x.size(0), L = x.size(1), D = x.size(2), dh = D / heads_;
-    // [B, L, 3, H, dh] -> three [B, H, L, dh] views
-    auto qkv = qkv_(x).view({B, L, 3, heads_, dh}).permute({2, 0, 3, 1, 4});
+    // [B, L, 3, H, dh] -> three [B, H, L, dh] views; unbind's backward stacks the three
+    // gradients into one tensor (three selects would each zero-fill a [3, B, H, L, dh] one).
+    auto qkv = qkv_(x).view({B, L, 3, heads_, dh}).permute({2, 0, 3, 1, 4}).unbind(0);
     if (!ctx.bias.defined())
       ctx.bias = ctx.causal ? ops::causal_padding_bias(ctx.key_padding, x.scalar_type())
                             : ops::padding_bias(ctx.key_padding, x.scalar_type());
