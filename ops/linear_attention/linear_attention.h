@@ -77,9 +77,11 @@ at::Tensor linrec_attention_packed(const at::Tensor& qkv, int64_t heads, const a
 at::Tensor linrec_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form);
 
-// The fused kernel's two entries (linrec_fused.cpp), for the two above: no argument checks.
-// linrec_fused_takes(q): the kernel takes q's device and dtype and fused kernels are on.
-bool linrec_fused_takes(const at::Tensor& q);
+// Whether the fused CPU kernels of this folder (the products' and LinRec's) take q: fused
+// kernels on, q on the CPU, float or double.
+bool cpu_kernel_takes(const at::Tensor& q);
+
+// The fused LinRec kernel's two entries (linrec_fused.cpp), for the two above: no argument checks.
 at::Tensor linrec_global_paper_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const at::Tensor& key_padding);
 at::Tensor linrec_global_paper_packed(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_padding);

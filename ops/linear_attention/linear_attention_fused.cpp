@@ -265,10 +265,6 @@ class LinearAttentionFused : public torch::autograd::Function<Self> {
 class CausalLinearAttentionFused : public LinearAttentionFused<false, CausalLinearAttentionFused> {};
 class GlobalLinearAttentionFused : public LinearAttentionFused<true, GlobalLinearAttentionFused> {};
 
-// The CPU kernels take float and double on the CPU, unless --fused_kernels=false.
-bool cpu_kernel_takes(const at::Tensor& q) {
-  return fused_kernels() && q.device().is_cpu() && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble);
-}
 
 #if SEQREC_HAVE_CUDA
 // The same product on a CUDA device: linear_attention.cu's kernel forward, and three runs of it
@@ -316,6 +312,11 @@ class CausalLinearAttentionCuda : public torch::autograd::Function<CausalLinearA
 #endif
 
 }  // namespace
+
+// The CPU kernels take float and double on the CPU, unless --fused_kernels=false.
+bool cpu_kernel_takes(const at::Tensor& q) {
+  return fused_kernels() && q.device().is_cpu() && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble);
+}
 
 at::Tensor causal_linear_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    int64_t chunk) {

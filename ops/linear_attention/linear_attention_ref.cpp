@@ -93,7 +93,7 @@ void check_linrec_args(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 at::Tensor linrec_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form) {
   check_linrec_args(q, k, v, key_padding);
-  if (norm == LinrecNorm::kPaper && form == LinrecForm::kGlobal && linrec_fused_takes(q))
+  if (norm == LinrecNorm::kPaper && form == LinrecForm::kGlobal && cpu_kernel_takes(q))
     return linrec_global_paper_fused(q, k, v, key_padding);
   return linrec_attention_reference(q, k, v, key_padding, norm, form);
 }
@@ -103,7 +103,7 @@ at::Tensor linrec_attention_packed(const at::Tensor& qkv, int64_t heads, const a
   TORCH_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0, "qkv must be [B, L, 3·D]; got ", qkv.sizes());
   const int64_t B = qkv.size(0), L = qkv.size(1), D = qkv.size(2) / 3;
   TORCH_CHECK(heads > 0 && D % heads == 0, "the width ", D, " must split into heads; got heads = ", heads);
-  if (norm == LinrecNorm::kPaper && form == LinrecForm::kGlobal && linrec_fused_takes(qkv)) {
+  if (norm == LinrecNorm::kPaper && form == LinrecForm::kGlobal && cpu_kernel_takes(qkv)) {
     detail::check_key_padding(key_padding, B, L);
     return linrec_global_paper_packed(qkv, heads, key_padding);
   }

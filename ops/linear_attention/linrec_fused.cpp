@@ -38,7 +38,6 @@
 
 #include "ops/cpu_features.h"
 #include "ops/exp_nonpositive.h"
-#include "ops/kernels.h"
 #include "ops/linear_attention/row_sums.h"
 
 namespace seqrec::ops {
@@ -401,10 +400,6 @@ class LinrecGlobalPaperPacked : public torch::autograd::Function<LinrecGlobalPap
 };
 
 }  // namespace
-
-bool linrec_fused_takes(const at::Tensor& q) {
-  return fused_kernels() && q.device().is_cpu() && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble);
-}
 
 at::Tensor linrec_global_paper_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const at::Tensor& key_padding) {
