@@ -78,6 +78,14 @@ __attribute__((always_inline)) inline T inv_clamped_norm(T r) {
   return T(1) / std::max(r, T(kEps));
 }
 
+// The keys' column scales s[i] = 1 / sqrt(max(c[i], eps) · n') from their sums of squares c and
+// n' = max(real keys, 1): the forward's and the backward's, one formula.
+template <typename T>
+__attribute__((always_inline)) inline void column_scales(const T* __restrict__ c, T nn, int64_t D,
+                                                         T* __restrict__ s) {
+  for (int64_t i = 0; i < D; ++i) s[i] = T(1) / std::sqrt(std::max(c[i], T(kEps)) * nn);
+}
+
 // e[i] = elu(x[i]) over one row of width D.
 template <typename T>
 __attribute__((always_inline)) inline void elu_row(const T* __restrict__ x, T* __restrict__ e, int64_t D) {
@@ -120,7 +128,7 @@ __attribute__((always_inline)) inline void forward_seq(const Args<T>& a, int64_t
     }
   }
   const T nn = static_cast<T>(std::max<int64_t>(n, 1)), inv_sqrt_d = T(1) / std::sqrt(static_cast<T>(D));
-  for (int64_t i = 0; i < D; ++i) s[i] = T(1) / std::sqrt(std::max(c[i], T(kEps)) * nn);
+  column_scales(c, nn, D, s);
   for (int64_t t = 0; t < L; ++t) {
     elu_row(q + t * a.q.st, e, D);
     const T* __restrict__ qt = e;
@@ -164,7 +172,7 @@ __attribute__((always_inline)) inline void backward_seq(const Args<T>& a, int64_
   int64_t n = 0;
   for (int64_t t = 0; t < L; ++t) n += pad[t] ? 0 : 1;
   const T nn = static_cast<T>(std::max<int64_t>(n, 1)), inv_sqrt_d = T(1) / std::sqrt(static_cast<T>(D));
-  for (int64_t i = 0; i < D; ++i) s[i] = T(1) / std::sqrt(std::max(c[i], T(kEps)) * nn);
+  column_scales(c, nn, D, s);
   transpose(S, ST, D, E);
   std::fill(G, G + D * E, T(0));
   std::fill(ds, ds + D, T(0));
