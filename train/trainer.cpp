@@ -677,6 +677,7 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
   bool stop_signal = false;
   // --profile_steps: steps of this sitting run under Torch's profiler, after a warm-up.
   int64_t sitting_steps = 0;
+  double sitting_seconds = 0;  // this sitting's training time: its rate, not the run's, gives the ETA
   bool profiling = false;
   auto profile_start = Clock::now();
   int64_t profile_first_step = 0;
@@ -825,7 +826,9 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
     if (fault.step == p.step && fault.rank == rank) inject_divergence(*model, fault);
     if (o.replica_check_every > 0 && p.step % o.replica_check_every == 0)
       check_replicas("at step " + std::to_string(p.step));
-    p.train_seconds += seconds_since(t_step);
+    const double step_seconds = seconds_since(t_step);
+    p.train_seconds += step_seconds;
+    sitting_seconds += step_seconds;
     loss_acc += local_loss;
     targets_acc += local_targets;
     users_acc += static_cast<double>(batch.input.size(0));
@@ -842,7 +845,9 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
       const io::Cursor n = loader.cursor();
       const double done = static_cast<double>(n.epoch * steps_per_epoch + n.step);
       const double total = static_cast<double>(o.epochs * steps_per_epoch);
-      const double per_step = p.train_seconds / std::max<int64_t>(1, p.step);
+      // This sitting's rate: a run resumed on another machine or thread count (a GPU run
+      // continued on a CPU) would otherwise be promised its earlier sittings' speed.
+      const double per_step = sitting_seconds / static_cast<double>(std::max<int64_t>(1, sitting_steps));
       log.line("[train] epoch " + std::to_string(n.epoch + (n.step > 0 ? 1 : 0)) + "/" + std::to_string(o.epochs) +
                " step " + std::to_string(p.step) + " loss " + fmt(acc[0].item<double>() / std::max(1.0, acc[1].item<double>())) +
                " lr " + fmt(lr_at(o, p.step), 6) + " seq/s " + fmt(acc[2].item<double>() / dt, 0) +
@@ -870,7 +875,12 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
   summary.peak_device_mib = device_peak_mib(device);
   log.line("[done] steps=" + std::to_string(p.step) + " train time/epoch=" + fmt(summary.seconds_per_epoch, 2) +
            " s peak RSS/rank=" + fmt(summary.peak_rss_mib, 0) + " MiB" +
-           (device.is_cuda() ? " peak GPU memory allocated=" + fmt(summary.peak_device_mib, 0) + " MiB" : ""));
+           (device.is_cuda() ? " peak GPU memory allocated=" + fmt(summary.peak_device_mib, 0) + " MiB" : "") +
+           // The figure above averages every sitting of a resumed run, which may have run elsewhere.
+           (sitting_steps > 0 && sitting_steps < p.step
+                ? "; this sitting " + fmt(sitting_seconds / (static_cast<double>(sitting_steps) / steps_per_epoch), 2) +
+                      " s/epoch over " + std::to_string(sitting_steps) + " steps"
+                : ""));
   if (host_allocator_installed()) {  // this rank's; in-use and cached blocks are part of the RSS above
     const auto h = host_allocator_stats();
     const auto mib = [](int64_t b) { return fmt(static_cast<double>(b) / (1 << 20), 0); };

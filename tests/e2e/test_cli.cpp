@@ -160,6 +160,10 @@ void train_whole_and_resumed(const std::string& common, const std::string& whole
   auto b = run_seqrec(common + "--out " + split + " --max_steps " + std::to_string(total) + " --resume auto", 300);
   ASSERT_EQ(b.code, 0) << b.output;
   EXPECT_TRUE(contains(b.output, "[resume]")) << b.output;
+  // The resumed sitting's own time per epoch beside the whole run's, over its own steps.
+  EXPECT_TRUE(contains(b.output, "; this sitting ")) << b.output;
+  EXPECT_TRUE(contains(b.output, " s/epoch over " + std::to_string(total - first) + " steps")) << b.output;
+  EXPECT_FALSE(contains(w.output, "; this sitting ")) << w.output;
 }
 
 // The same, and the two end with equal parameters.
