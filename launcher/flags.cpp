@@ -63,6 +63,9 @@ DEFINE_string(objective, "causal",
               "sasrec, flash4rec and linrec) | last (each example scored at its last slot only, bidirectional "
               "within it: with --train_prefixes, how RecBole and the released LinRec code train; sasrec, "
               "flash4rec and linrec)");
+DEFINE_string(attention_mask, "auto",
+              "auto (what --objective implies) | causal (causal attention under --objective last too: each "
+              "slot sees only earlier ones in every block, as RecBole trains SASRec; any model)");
 DEFINE_double(mask_prob, 0.2, "cloze objective: probability that a training item is masked");
 DEFINE_int64(interests, 20, "lightsans: latent interests k per layer");
 DEFINE_string(lightsans_position, "decoupled",

@@ -162,7 +162,7 @@ class TransformerRecImpl : public torch::nn::Module {
     TORCH_CHECK(input.size(1) <= o_.max_len, "input length ", input.size(1), " exceeds max_len ", o_.max_len);
     const int64_t L = input.size(1);
     ctx.key_padding = input.eq(0);
-    ctx.causal = o_.objective == "causal";
+    ctx.causal = !bidirectional(o_);
     ctx.users = users;
     if (users_) ctx.user = users_->forward(users, input.size(0), input.device());
     keep = ctx.key_padding.logical_not().unsqueeze(-1).to(items_->weight.scalar_type());

@@ -52,6 +52,8 @@ std::vector<std::string> known_models() {
 
 void validate_flash4rec(const ModelOptions& o);
 
+bool bidirectional(const ModelOptions& o) { return o.objective != "causal" && o.attention_mask != "causal"; }
+
 void validate(const ModelOptions& o) {
   auto fail = [](const std::string& m) { throw std::invalid_argument(m); };
   bool known = false;
@@ -74,9 +76,13 @@ void validate(const ModelOptions& o) {
     fail("unknown ffn_activation '" + o.ffn_activation + "' (known: relu, gelu)");
   if (o.objective != "causal" && o.objective != "cloze" && o.objective != "last")
     fail("unknown objective '" + o.objective + "' (known: causal, cloze, last)");
-  if (o.objective != "causal" && o.model != "sasrec" && o.model != "flash4rec" && o.model != "linrec")
+  if (o.attention_mask != "auto" && o.attention_mask != "causal")
+    fail("unknown attention_mask '" + o.attention_mask + "' (known: auto, causal)");
+  if (o.objective == "cloze" && o.attention_mask == "causal")
+    fail("attention_mask causal contradicts objective cloze: a masked slot is predicted from the items on both sides");
+  if (bidirectional(o) && o.model != "sasrec" && o.model != "flash4rec" && o.model != "linrec")
     fail("objective " + o.objective + " needs bidirectional attention: model sasrec, flash4rec or linrec, not " +
-         o.model);
+         o.model + (o.objective == "last" ? " (or --attention_mask causal, which keeps every model causal)" : ""));
   if (o.model == "lightsans") {
     if (o.interests <= 0) fail("interests (LightSANs k) must be > 0, got " + std::to_string(o.interests));
     if (o.lightsans_position != "decoupled" && o.lightsans_position != "absolute")
@@ -171,6 +177,7 @@ const std::vector<Field>& fields() {
       {"model", {}, &O::model},
       {"num_items", {}, &O::num_items, nullptr, false},
       {"objective", {}, &O::objective, [](const O& o) { return o.objective != "causal"; }},
+      {"attention_mask", {}, &O::attention_mask, [](const O& o) { return o.objective == "last"; }},
       {"num_users", {"flash4rec"}, &O::num_users, nullptr, false},
       {"user_feature_cardinalities", {"flash4rec"}, &O::user_feature_cardinalities, nullptr, false},
       {"max_len", {}, &O::max_len},

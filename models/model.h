@@ -25,6 +25,10 @@ struct ModelOptions {
   // bidirectional attention (one extra [mask] item row, id num_items + 1); last: the next item
   // at each example's last slot only, with bidirectional attention within the example.
   std::string objective = "causal";
+  // auto: the attention the objective implies (causal under causal, bidirectional under cloze
+  // and last); causal: causal under last too, as RecBole trains SASRec (every prefix an example,
+  // scored at its last slot, each slot seeing only earlier ones in every block).
+  std::string attention_mask = "auto";
   int64_t max_len = 200;
   int64_t hidden = 50;
   int64_t blocks = 2;
@@ -120,6 +124,9 @@ ModelOptions parse_model_signature(const std::string& text);
 std::string signature_difference(const std::string& a, const std::string& b);
 // Validates options; throws std::invalid_argument naming the bad field.
 void validate(const ModelOptions& options);
+// Whether every slot attends to every real slot of its example: the cloze and last objectives,
+// unless attention_mask is causal.
+bool bidirectional(const ModelOptions& options);
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 

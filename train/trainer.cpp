@@ -622,7 +622,7 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
   log.line("[setup] model=" + mo.model + " params=" + std::to_string(num_params) + " max_len=" +
            std::to_string(mo.max_len) + " hidden=" + std::to_string(mo.hidden) + " blocks=" +
            std::to_string(mo.blocks) + " heads=" + std::to_string(mo.heads) + " objective=" + mo.objective +
-           " loss=" + o.loss +
+           " attention=" + (models::bidirectional(mo) ? "bidirectional" : "causal") + " loss=" + o.loss +
            " batch/rank=" + std::to_string(o.loader.batch_size) +
            (o.loader.windows    ? " examples=windows of max_len"
             : o.loader.prefixes ? " examples=every prefix"

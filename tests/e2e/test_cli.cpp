@@ -261,7 +261,7 @@ TEST_F(Cli, TrainPrefixesWithTheLastObjective) {
                       "--final_test=false --out " + dir("prefixes-d"), 300);
   ASSERT_EQ(p.code, 0) << p.output;
   ASSERT_EQ(w.code, 0) << w.output;
-  EXPECT_TRUE(contains(p.output, "objective=last")) << p.output;
+  EXPECT_TRUE(contains(p.output, "objective=last attention=bidirectional")) << p.output;
   EXPECT_TRUE(contains(p.output, "examples=every prefix")) << p.output;
   EXPECT_TRUE(contains(p.output, "split=valid")) << p.output;
   EXPECT_TRUE(contains(p.output, "split=test")) << p.output;
@@ -270,6 +270,12 @@ TEST_F(Cli, TrainPrefixesWithTheLastObjective) {
                       "--final_test=false --max_len 6 --max_steps 14 --resume auto --out " + b, 300);
   EXPECT_NE(r.code, 0);
   EXPECT_TRUE(contains(r.output, "with --train_prefixes")) << r.output;
+  // RecBole's SASRec: the same examples with causal attention, open to every model that way.
+  auto c = run_seqrec("train --data " + data() + " " + kTrainSmall + "--model lisa --codewords 8 --objective last "
+                      "--attention_mask causal --max_len 6 --train_prefixes --max_steps 3 --final_test=false --out " +
+                      dir("prefixes-e"), 300);
+  ASSERT_EQ(c.code, 0) << c.output;
+  EXPECT_TRUE(contains(c.output, "objective=last attention=causal")) << c.output;
 }
 
 TEST_F(Cli, LengthGroupsChangeTheWorkNotTheResult) {

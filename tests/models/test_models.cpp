@@ -363,6 +363,65 @@ TEST(LastObjective, LinrecAttendsBothWaysAndScoresTheLastSlot) {
   }
 }
 
+// --attention_mask causal under the last objective (how RecBole trains SASRec): every model is
+// then the causal model itself, slot for slot, and its last slot is what encode_last gives;
+// a later item changes no earlier slot. The cloze objective refuses it, and an unknown value
+// is named.
+TEST(LastObjective, CausalMaskKeepsEveryModelCausal) {
+  const auto a = seq(long_items(50, 1), 80);
+  auto b = a.clone();
+  for (int64_t t = 60; t < 80; ++t) b[0][t] = 1 + (b[0][t].item<int64_t>() % 30);  // the last 20 items changed
+  for (const auto& v : variants()) {
+    SCOPED_TRACE(v.name);
+    auto o = options(v);
+    auto causal = make_model(o);
+    o.objective = "last";
+    o.attention_mask = "causal";
+    ASSERT_NO_THROW(validate(o));
+    auto m = make_model(o);
+    causal->set_training(false);
+    m->set_training(false);
+    torch::NoGradGuard g;
+    auto ha = m->encode(a), hb = m->encode(b);
+    EXPECT_TRUE(torch::allclose(ha, causal->encode(a), 1e-5, 1e-6)) << "the causal model, slot for slot";
+    EXPECT_TRUE(torch::allclose(ha.narrow(1, 0, 60), hb.narrow(1, 0, 60))) << "a later item reached an earlier slot";
+    EXPECT_FALSE(torch::allclose(ha.select(1, 79), hb.select(1, 79)));
+    EXPECT_TRUE(torch::allclose(m->encode_last(a), ha.select(1, 79), 1e-5, 1e-6));
+  }
+  auto o = sasrec_small();
+  o.objective = "cloze";
+  o.attention_mask = "causal";
+  try {
+    validate(o);
+    ADD_FAILURE() << "cloze accepted a causal mask";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("contradicts objective cloze"), std::string::npos) << e.what();
+  }
+  o.objective = "last";
+  o.attention_mask = "none";
+  try {
+    validate(o);
+    ADD_FAILURE() << "an unknown attention_mask was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown attention_mask 'none'"), std::string::npos) << e.what();
+  }
+  o.attention_mask = "auto";
+  o.model = "lisa";
+  try {
+    validate(o);
+    ADD_FAILURE() << "lisa accepted the last objective with bidirectional attention";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("--attention_mask causal"), std::string::npos) << e.what();
+  }
+  // The signature carries the mask under the last objective only (older signatures: auto).
+  o.model = "sasrec";
+  auto c = o;
+  c.attention_mask = "causal";
+  EXPECT_NE(signature_difference(model_signature(o), model_signature(c)).find("attention_mask"), std::string::npos);
+  o.objective = c.objective = "causal";
+  EXPECT_TRUE(signature_difference(model_signature(o), model_signature(c)).empty());
+}
+
 // FLASH4Rec's user-aware gate: the rows' user features change the output (and the item-only gate
 // ignores them); a batch without the features the model was built for is refused by name.
 TEST(Flash4rec, UserFeaturesReachTheGate) {
