@@ -64,6 +64,17 @@ ModelOptions options(const Variant& v) {
   return o;
 }
 
+// validate(o) must refuse `o` with std::invalid_argument naming `what`; `accepted` says what
+// was wrongly accepted otherwise.
+void expect_invalid(const ModelOptions& o, const std::string& what, const std::string& accepted) {
+  try {
+    validate(o);
+    ADD_FAILURE() << accepted;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
 at::Tensor seq(const std::vector<int64_t>& items, int64_t L) {
   auto t = torch::zeros({1, L}, torch::kInt64);
   for (size_t i = 0; i < items.size(); ++i) t[0][L - items.size() + i] = items[i];
@@ -353,12 +364,7 @@ TEST(LastObjective, LinrecAttendsBothWaysAndScoresTheLastSlot) {
     }
     for (const char* model : {"lisa", "lightsans", "routing"}) {
       o.model = model;
-      try {
-        validate(o);
-        ADD_FAILURE() << model << " accepted objective " << objective;
-      } catch (const std::invalid_argument& e) {
-        EXPECT_NE(std::string(e.what()).find("needs bidirectional attention"), std::string::npos) << e.what();
-      }
+      expect_invalid(o, "needs bidirectional attention", std::string(model) + " accepted objective " + objective);
     }
   }
 }
@@ -391,28 +397,13 @@ TEST(LastObjective, CausalMaskKeepsEveryModelCausal) {
   auto o = sasrec_small();
   o.objective = "cloze";
   o.attention_mask = "causal";
-  try {
-    validate(o);
-    ADD_FAILURE() << "cloze accepted a causal mask";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("contradicts objective cloze"), std::string::npos) << e.what();
-  }
+  expect_invalid(o, "contradicts objective cloze", "cloze accepted a causal mask");
   o.objective = "last";
   o.attention_mask = "none";
-  try {
-    validate(o);
-    ADD_FAILURE() << "an unknown attention_mask was accepted";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown attention_mask 'none'"), std::string::npos) << e.what();
-  }
+  expect_invalid(o, "unknown attention_mask 'none'", "an unknown attention_mask was accepted");
   o.attention_mask = "auto";
   o.model = "lisa";
-  try {
-    validate(o);
-    ADD_FAILURE() << "lisa accepted the last objective with bidirectional attention";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("--attention_mask causal"), std::string::npos) << e.what();
-  }
+  expect_invalid(o, "--attention_mask causal", "lisa accepted the last objective with bidirectional attention");
   // The signature carries the mask under the last objective only (older signatures: auto).
   o.model = "sasrec";
   auto c = o;
@@ -449,12 +440,7 @@ TEST(Flash4rec, UserFeaturesReachTheGate) {
   EXPECT_TRUE(torch::equal(item_only->encode(input, a), item_only->encode(input, b)));
   o.flash_user = "features";
   o.user_feature_cardinalities = {};
-  try {
-    validate(o);
-    ADD_FAILURE() << "features on a dataset without them";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("the dataset has no user features"), std::string::npos) << e.what();
-  }
+  expect_invalid(o, "the dataset has no user features", "features on a dataset without them");
 }
 
 }  // namespace
