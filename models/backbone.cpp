@@ -119,8 +119,14 @@ class TransformerRecImpl : public torch::nn::Module {
   }
 
   // encode(input)[:, -1]: every block but the last runs on all slots (they feed the last
-  // block's keys and values); the last block computes only what the last slot needs.
+  // block's keys and values); the last block computes only what the last slot needs. In
+  // training the dropout masks differ from encode's but are drawn from the same distribution,
+  // except that a mixture of experts would see one slot per row instead of all: its capacity,
+  // token dropping and load-balancing loss are defined over every slot, so a model with one
+  // in its last block trains through the whole forward.
   at::Tensor encode_last(const at::Tensor& input, const UserInput& users) {
+    if (is_training() && blocks_.back()->feed_forward())
+      return encode(input, users).select(1, input.size(1) - 1);
     AttentionContext ctx;
     at::Tensor keep;
     auto x = embed(input, users, ctx, keep);
@@ -314,6 +320,14 @@ class BackboneModel : public SequenceModel {
 };
 
 }  // namespace
+
+LastSlotProjection project_for_last_slot(const torch::nn::Linear& qkv, const at::Tensor& x) {
+  const int64_t L = x.size(1), D = x.size(2);
+  const auto &w = qkv->weight, &b = qkv->bias;
+  namespace F = torch::nn::functional;
+  return {F::linear(x.select(1, L - 1), w.narrow(0, 0, D), b.narrow(0, 0, D)),
+          F::linear(x, w.narrow(0, D, 2 * D), b.narrow(0, D, 2 * D))};
+}
 
 std::unique_ptr<SequenceModel> make_backbone_model(const ModelOptions& options, BackboneSpec spec) {
   TORCH_CHECK(spec.attention, "backbone needs an attention factory");

@@ -39,6 +39,14 @@ struct BackboneSpec {
 
 std::unique_ptr<SequenceModel> make_backbone_model(const ModelOptions& options, BackboneSpec spec);
 
+// A packed [3·D, D] query/key/value projection (rows: queries, keys, values) applied for the last
+// slot alone: its query [B, D] and every slot's keys and values [B, L, 2·D]; the other slots'
+// queries, which nothing reads there, are never computed.
+struct LastSlotProjection {
+  at::Tensor query, keys_values;
+};
+LastSlotProjection project_for_last_slot(const torch::nn::Linear& qkv, const at::Tensor& x);
+
 // SASRec's multi-head softmax attention (models/sasrec.cpp), for models that offer it as an
 // alternative unit (FLASH4Rec without gated attention).
 std::shared_ptr<AttentionModuleImpl> make_softmax_attention(const ModelOptions& options);

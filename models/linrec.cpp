@@ -23,9 +23,10 @@ class LinrecAttentionImpl : public AttentionModuleImpl {
   }
 
   // The last slot sees every real key in either form: the global form gives it without the
-  // per-chunk prefix work.
+  // per-chunk prefix work, and only its own query is projected and normalised.
   at::Tensor forward_last(const at::Tensor& x, AttentionContext& ctx) override {
-    return attend(x, ctx, ops::LinrecForm::kGlobal).select(1, x.size(1) - 1);
+    auto p = project_for_last_slot(qkv_, x);
+    return out_(ops::linrec_attention_last(p.query, p.keys_values, heads_, ctx.key_padding, norm_));
   }
 
  private:

@@ -157,9 +157,10 @@ class SequenceModel {
   // input [B, L] int64, left-padded with 0 -> hidden states [B, L, D]; padded slots are 0.
   // Under the cloze objective input may hold mask_item() and attention is bidirectional.
   virtual at::Tensor encode(const at::Tensor& input, const UserInput& users = {}) = 0;
-  // Hidden state at the last slot only, [B, D] (what scoring the next item needs). Models
-  // may skip work that does not reach the last slot; the result equals
-  // encode(input).select(1, L - 1).
+  // Hidden state at the last slot only, [B, D] (what scoring the next item needs, and what the
+  // last-slot objective trains). Models may skip work that does not reach the last slot; the
+  // result equals encode(input).select(1, L - 1), in training with the same gradients and
+  // dropout drawn from the same distribution.
   virtual at::Tensor encode_last(const at::Tensor& input, const UserInput& users = {}) {
     return encode(input, users).select(1, input.size(1) - 1);
   }

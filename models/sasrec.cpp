@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "models/backbone.h"
+#include "ops/dropout/dropout.h"
 #include "ops/softmax_attention/softmax_attention.h"
 
 namespace seqrec::models {
@@ -32,25 +33,21 @@ class SoftmaxAttentionImpl : public AttentionModuleImpl {
 
   // Output at the last slot only: the query of slot L-1 against every key (the same set
   // whether attention is causal or bidirectional). Under left padding the last slot is real
-  // whenever the row has any item, so only key padding applies.
+  // whenever the row has any item, so only key padding applies. In training its attention
+  // probabilities take dropout as the full op's do (the last-slot objective trains through it).
   at::Tensor forward_last(const at::Tensor& x, AttentionContext& ctx) override {
     const int64_t B = x.size(0), L = x.size(1), D = x.size(2), dh = D / heads_;
-    // Keys and values for every slot, the query for the last one only: rows [D, 3D) and [0, D)
-    // of the fused projection.
-    const auto& w = qkv_->weight;
-    const auto& b = qkv_->bias;
-    auto kv = torch::nn::functional::linear(x, w.narrow(0, D, 2 * D), b.narrow(0, D, 2 * D))
-                  .view({B, L, 2, heads_, dh})
-                  .permute({2, 0, 3, 1, 4});  // 2 x [B, H, L, dh]
-    auto q = torch::nn::functional::linear(x.select(1, L - 1), w.narrow(0, 0, D), b.narrow(0, 0, D))
-                 .view({B, heads_, 1, dh});
+    // Keys and values for every slot, the query for the last one only.
+    auto p = project_for_last_slot(qkv_, x);
+    auto kv = p.keys_values.view({B, L, 2, heads_, dh}).permute({2, 0, 3, 1, 4}).unbind(0);  // 2 x [B, H, L, dh]
+    auto q = p.query.view({B, heads_, 1, dh});
     auto k = kv[0], v = kv[1];
     auto scores = torch::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(dh)));
     // Padded keys are masked; the last slot itself always stays visible (as in the full op).
     auto masked = ctx.key_padding.clone();
     masked.select(1, L - 1).fill_(false);
     scores.masked_fill_(masked.view({B, 1, 1, L}), -std::numeric_limits<float>::infinity());
-    auto o = torch::matmul(torch::softmax(scores, -1), v);  // [B, H, 1, dh]
+    auto o = torch::matmul(ops::dropout(torch::softmax(scores, -1), dropout_, is_training()), v);  // [B, H, 1, dh]
     return out_(o.reshape({B, D}));
   }
 

@@ -180,25 +180,38 @@ void seed_generator(uint64_t seed) {
 }
 
 // Loss summed over the target positions of some rows (the caller normalises by the global
-// target count).
+// target count). With `last_only` (the last-slot objective: each row's one target is at its
+// last slot) only the last slot is encoded, so the last block skips its feed-forward, output
+// projection and every attention query but one at the other slots, which no loss reads.
 at::Tensor rows_loss_sum(models::SequenceModel& model, const at::Tensor& table, const at::Tensor& input,
                          const models::UserInput& users, const at::Tensor& pos, const at::Tensor& neg,
-                         const std::string& kind, int64_t softmax_keep_bytes) {
-  auto h = model.encode(input, users);  // [n, L, D]
+                         const std::string& kind, bool last_only, int64_t softmax_keep_bytes) {
+  at::Tensor h, slot_pos, slot_neg;  // [S, D], [S], [S]: the encoded slots and their targets
+  if (last_only && input.size(1) > 0) {
+    const int64_t last = input.size(1) - 1;
+    h = model.encode_last(input, users);  // [n, D]
+    slot_pos = pos.select(1, last);
+    slot_neg = neg.select(1, last);
+  } else {
+    h = model.encode(input, users);  // [n, L, D]
+    h = h.reshape({-1, h.size(-1)});
+    slot_pos = pos.reshape({-1});
+    slot_neg = neg.reshape({-1});
+  }
   SEQREC_PROFILE_SCOPE("seqrec::loss");
   // The target slots in row-major order, found once: each boolean-mask index would find them
   // again, and on a GPU every search is a wait for the device.
-  auto at_targets = pos.ne(0).view({-1}).nonzero().view({-1});
-  auto targets = [&](const at::Tensor& t) { return t.reshape({-1}).index_select(0, at_targets); };
-  auto hp = h.reshape({-1, h.size(-1)}).index_select(0, at_targets);  // [T, D]
+  auto at_targets = slot_pos.ne(0).nonzero().view({-1});
+  auto hp = h.index_select(0, at_targets);  // [T, D]
+  const auto pos_t = slot_pos.index_select(0, at_targets);
   if (kind == "bce") {
-    auto pos_logit = (hp * table.index_select(0, targets(pos))).sum(-1);
-    auto neg_logit = (hp * table.index_select(0, targets(neg))).sum(-1);
+    auto pos_logit = (hp * table.index_select(0, pos_t)).sum(-1);
+    auto neg_logit = (hp * table.index_select(0, slot_neg.index_select(0, at_targets))).sum(-1);
     // -log sigmoid(x) = softplus(-x); -log(1 - sigmoid(x)) = softplus(x)
     return torch::softplus(-pos_logit).sum() + torch::softplus(neg_logit).sum();
   }
   // Softmax over every item, a chunk of rows at a time (the padding item is never a class).
-  return ops::softmax_loss_sum(hp, table, targets(pos), 2048, softmax_keep_bytes);
+  return ops::softmax_loss_sum(hp, table, pos_t, 2048, softmax_keep_bytes);
 }
 
 // The batch's loss, computed in up to `groups` slices of rows sorted by length, each slice
@@ -209,7 +222,7 @@ at::Tensor rows_loss_sum(models::SequenceModel& model, const at::Tensor& table, 
 // they fit in softmax_keep_bytes (every slice's stay alive until the backward); `targets` is
 // the batch's target count.
 at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b, const models::UserInput& users,
-                          const std::string& kind, int64_t groups, bool whole, double targets,
+                          const std::string& kind, int64_t groups, bool whole, bool last_only, double targets,
                           int64_t softmax_keep_bytes) {
   const auto table = model.item_embeddings();
   if (kind == "ce") {
@@ -220,7 +233,7 @@ at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b,
   if (whole) {
     // One forward over every row in batch order, even none: a mixture of experts' capacity and
     // token priority are defined on the batch as it is, and its collectives need every rank.
-    auto total = rows_loss_sum(model, table, b.input, users, b.pos, b.neg, kind, softmax_keep_bytes);
+    auto total = rows_loss_sum(model, table, b.input, users, b.pos, b.neg, kind, last_only, softmax_keep_bytes);
     auto aux = model.take_auxiliary_loss();
     return aux.defined() ? total + aux : total;
   }
@@ -232,7 +245,8 @@ at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b,
     models::UserInput u;
     if (users.ids.defined()) u.ids = users.ids.index_select(0, slice.rows);
     if (users.features.defined()) u.features = users.features.index_select(0, slice.rows);
-    auto part = rows_loss_sum(model, table, cols(b.input), u, cols(b.pos), cols(b.neg), kind, softmax_keep_bytes);
+    auto part = rows_loss_sum(model, table, cols(b.input), u, cols(b.pos), cols(b.neg), kind, last_only,
+                              softmax_keep_bytes);
     total = total.defined() ? total + part : part;
   }
   // Model-side terms (LISA's inputs-optimize loss), summed over the same items.
@@ -778,7 +792,8 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
       at::Tensor loss;
       {
         SEQREC_PROFILE_SCOPE("seqrec::forward");
-        loss = batch_loss_sum(*model, batch, users, o.loss, length_groups, /*whole=*/moe, local_targets,
+        loss = batch_loss_sum(*model, batch, users, o.loss, length_groups, /*whole=*/moe,
+                              /*last_only=*/loader_options.last_target_only, local_targets,
                               std::min<int64_t>(o.softmax_keep_mib, int64_t{1} << 40) << 20) / global_targets;
       }
       {

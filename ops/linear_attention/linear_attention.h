@@ -71,9 +71,19 @@ at::Tensor linrec_attention(const at::Tensor& q, const at::Tensor& k, const at::
 at::Tensor linrec_attention_packed(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_padding,
                                    LinrecNorm norm, LinrecForm form);
 
+// The global form at the last slot alone: q [B, D] (the last slot's query projection) and kv
+// [B, L, 2·D] (every slot's keys, then values), `heads` heads of D / heads -> [B, D], equal to
+// linrec_attention_packed(qkv, heads, key_padding, norm, kGlobal)[:, L - 1] without the other
+// slots' queries (what a model's last block needs under the last-slot objective). On the CPU
+// with the paper's normalisation linrec_fused.cpp's kernel walks the keys and one query; every
+// other case runs linrec_attention_reference with one query row.
+at::Tensor linrec_attention_last(const at::Tensor& q, const at::Tensor& kv, int64_t heads,
+                                 const at::Tensor& key_padding, LinrecNorm norm);
+
 // The ATen composition of the same op (ELU, the norms, the scale, then causal_linear_attention
 // or global_linear_attention), differentiated by autograd: what the fused kernel is tested
-// against, and what runs on other devices.
+// against, and what runs on other devices. In the global form q may hold fewer rows than k
+// ([B, H, Lq, Dh]; each sees every real key).
 at::Tensor linrec_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form);
 
@@ -81,9 +91,11 @@ at::Tensor linrec_attention_reference(const at::Tensor& q, const at::Tensor& k, 
 // kernels on, q on the CPU, float or double.
 bool cpu_kernel_takes(const at::Tensor& q);
 
-// The fused LinRec kernel's two entries (linrec_fused.cpp), for the two above: no argument checks.
+// The fused LinRec kernel's three entries (linrec_fused.cpp), for the three above: no argument checks.
 at::Tensor linrec_global_paper_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const at::Tensor& key_padding);
 at::Tensor linrec_global_paper_packed(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_padding);
+at::Tensor linrec_global_paper_last(const at::Tensor& q, const at::Tensor& kv, int64_t heads,
+                                    const at::Tensor& key_padding);
 
 }  // namespace seqrec::ops

@@ -13,12 +13,16 @@ namespace {
 // Guards divisions by norms of all-zero rows (padded slots, all-padding prefixes).
 constexpr double kEps = 1e-12;
 
-void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+// q [B, H, Lq, Dh], k [B, H, L, Dh], v [B, H, L, Dv]; Lq == L unless `fewer_queries` (the global
+// form, where each query sees every key).
+void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool fewer_queries = false) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be [B, H, L, Dh]; got q ",
               q.sizes(), " k ", k.sizes(), " v ", v.sizes());
-  TORCH_CHECK(q.sizes() == k.sizes(), "q and k must have one shape; got q ", q.sizes(), " k ", k.sizes());
-  TORCH_CHECK(v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
-              "v must be [B, H, L, Dv] matching q ", q.sizes(), "; got ", v.sizes());
+  TORCH_CHECK(q.size(0) == k.size(0) && q.size(1) == k.size(1) && q.size(3) == k.size(3) &&
+                  (fewer_queries || q.size(2) == k.size(2)),
+              "q and k must have one shape; got q ", q.sizes(), " k ", k.sizes());
+  TORCH_CHECK(v.size(0) == k.size(0) && v.size(1) == k.size(1) && v.size(2) == k.size(2),
+              "v must be [B, H, L, Dv] matching k ", k.sizes(), "; got ", v.sizes());
   TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
               "q, k, v must have one dtype; got q ", q.scalar_type(), " k ", k.scalar_type(), " v ", v.scalar_type());
   TORCH_CHECK(k.device() == q.device() && v.device() == q.device(), "q, k, v must be on one device; got q ",
@@ -33,7 +37,7 @@ void check_linear_attention_args(const at::Tensor& q, const at::Tensor& k, const
 }
 
 at::Tensor global_linear_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  check_qkv(q, k, v);
+  check_qkv(q, k, v, /*fewer_queries=*/true);
   return torch::matmul(q, torch::matmul(k.transpose(-2, -1), v));
 }
 
@@ -83,9 +87,9 @@ const char* linrec_form_name(LinrecForm form) { return form == LinrecForm::kCaus
 namespace {
 
 void check_linrec_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                       const at::Tensor& key_padding) {
-  check_qkv(q, k, v);
-  detail::check_key_padding(key_padding, q.size(0), q.size(2));
+                       const at::Tensor& key_padding, bool fewer_queries = false) {
+  check_qkv(q, k, v, fewer_queries);
+  detail::check_key_padding(key_padding, k.size(0), k.size(2));
 }
 
 }  // namespace
@@ -112,9 +116,24 @@ at::Tensor linrec_attention_packed(const at::Tensor& qkv, int64_t heads, const a
   return out.transpose(1, 2).reshape({B, L, D});
 }
 
+at::Tensor linrec_attention_last(const at::Tensor& q, const at::Tensor& kv, int64_t heads,
+                                 const at::Tensor& key_padding, LinrecNorm norm) {
+  TORCH_CHECK(q.dim() == 2 && kv.dim() == 3 && kv.size(0) == q.size(0) && kv.size(2) == 2 * q.size(1),
+              "linrec_attention_last takes q [B, D] and kv [B, L, 2·D]; got q ", q.sizes(), " kv ", kv.sizes());
+  const int64_t B = kv.size(0), L = kv.size(1), D = q.size(1);
+  TORCH_CHECK(heads > 0 && D % heads == 0, "the width ", D, " must split into heads; got heads = ", heads);
+  detail::check_key_padding(key_padding, B, L);
+  if (norm == LinrecNorm::kPaper && cpu_kernel_takes(kv) && q.scalar_type() == kv.scalar_type() &&
+      q.device() == kv.device())
+    return linrec_global_paper_last(q, kv, heads, key_padding);
+  auto split = kv.reshape({B, L, 2, heads, D / heads}).permute({2, 0, 3, 1, 4});  // 2 x [B, H, L, D / H]
+  auto qh = q.reshape({B, heads, 1, D / heads});
+  return linrec_attention_reference(qh, split[0], split[1], key_padding, norm, LinrecForm::kGlobal).reshape({B, D});
+}
+
 at::Tensor linrec_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form) {
-  check_linrec_args(q, k, v, key_padding);
+  check_linrec_args(q, k, v, key_padding, /*fewer_queries=*/form == LinrecForm::kGlobal);
   const double dh = static_cast<double>(q.size(3));
   // [B, 1, L, 1]: 1 at real slots, 0 at padding. Padded keys are zeroed, so they and their
   // values vanish from every sum (each product pairs a value with its own key).
@@ -123,11 +142,15 @@ at::Tensor linrec_attention_reference(const at::Tensor& q, const at::Tensor& k, 
   auto ke = torch::elu(k) * real;
   const auto& vr = v;
   const bool causal = form == LinrecForm::kCausal;
+  // The global product; its fused kernel takes as many queries as keys, fewer go by the reference.
+  auto global = [](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c) {
+    return a.size(2) == b.size(2) ? global_linear_attention(a, b, c) : global_linear_attention_reference(a, b, c);
+  };
 
   if (norm == LinrecNorm::kCode) {
     auto qn = qe / qe.norm(2, -1, true).clamp_min(kEps);
     auto kn = ke / ke.norm(2, -1, true).clamp_min(kEps);
-    at::Tensor out = causal ? causal_linear_attention(qn, kn, vr) : global_linear_attention(qn, kn, vr);
+    at::Tensor out = causal ? causal_linear_attention(qn, kn, vr) : global(qn, kn, vr);
     return out / std::sqrt(dh);
   }
 
@@ -146,7 +169,7 @@ at::Tensor linrec_attention_reference(const at::Tensor& q, const at::Tensor& k, 
   }
   auto scale = (col_sq.clamp_min(kEps) * count.clamp_min(1.0)).rsqrt();
   auto qt = qn * scale;
-  return causal ? causal_linear_attention(qt, ke, vr) : global_linear_attention(qt, ke, vr);
+  return causal ? causal_linear_attention(qt, ke, vr) : global(qt, ke, vr);
 }
 
 }  // namespace seqrec::ops

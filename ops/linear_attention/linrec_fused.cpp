@@ -20,10 +20,11 @@
 // ATen passes forward and twenty backward around the product, cost more than the product itself
 // (docs/benchmarks.md).
 //
-// Two entries share the kernels: q, k, v as separate [B, H, L, Dh] tensors (strided along B, H
-// and L; output laid out [B, L, H, Dv], returned as its [B, H, L, Dv] view), and the packed
+// Three entries share the kernels: q, k, v as separate [B, H, L, Dh] tensors (strided along B, H
+// and L; output laid out [B, L, H, Dv], returned as its [B, H, L, Dv] view); the packed
 // projection [B, L, 3·D] the model computes (output [B, L, D], gradient [B, L, 3·D]: splitting
-// and merging the heads costs nothing either way).
+// and merging the heads costs nothing either way); and the last slot alone, its query [B, D]
+// against the packed keys and values [B, L, 2·D] (the query pass then walks one row).
 #include "ops/linear_attention/linear_attention.h"
 
 #include <ATen/Dispatch.h>
@@ -64,9 +65,10 @@ View<T> view_of(const at::Tensor& t) {
 
 template <typename T>
 struct Args {
-  View<const T> q, k, v;  // before ELU
+  View<const T> q, k, v;  // before ELU; q holds Lq rows, k and v L
   const bool* pad;  // [B, L], true at padded slots
   int64_t B, H, L, D, E;
+  int64_t Lq;  // the queries (L, or 1 for the last slot alone): the global form lets each see every key
 };
 
 // Scratch per thread, the larger of the two passes' needs: forward 3 rows of D; backward Sᵀ, G
@@ -129,7 +131,7 @@ __attribute__((always_inline)) inline void forward_seq(const Args<T>& a, int64_t
   }
   const T nn = static_cast<T>(std::max<int64_t>(n, 1)), inv_sqrt_d = T(1) / std::sqrt(static_cast<T>(D));
   column_scales(c, nn, D, s);
-  for (int64_t t = 0; t < L; ++t) {
+  for (int64_t t = 0; t < a.Lq; ++t) {
     elu_row(q + t * a.q.st, e, D);
     const T* __restrict__ qt = e;
     T r2 = 0;
@@ -179,7 +181,7 @@ __attribute__((always_inline)) inline void backward_seq(const Args<T>& a, int64_
 
   // Queries: gw = S gout[t] as a sum of rows of Sᵀ; G and ds accumulate; gqe through the row norm.
   T* __restrict__ gqs = gq.seq(b, h);
-  for (int64_t t = 0; t < L; ++t) {
+  for (int64_t t = 0; t < a.Lq; ++t) {
     const T* __restrict__ qraw = q + t * a.q.st;
     elu_row(qraw, e, D);
     const T* __restrict__ qt = e;
@@ -300,20 +302,25 @@ at::Tensor empty_heads(int64_t B, int64_t H, int64_t L, int64_t W, const at::Ten
 // Unit stride along the last dimension, as the kernels read rows.
 at::Tensor rows_contiguous(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
 
-// Heads h of a [B, L, H·W] tensor (at column offset col) seen as [B, H, L, W].
+// Heads h of a [B, L, H·W] tensor (at column offset col) seen as [B, H, L, W]; a [B, H·W] one
+// (one slot) as [B, H, 1, W].
 at::Tensor heads_of(const at::Tensor& packed, int64_t H, int64_t W, int64_t col) {
-  const int64_t B = packed.size(0), L = packed.size(1);
+  const int64_t B = packed.size(0);
+  if (packed.dim() == 2) return packed.as_strided({B, H, 1, W}, {packed.stride(0), W, H * W, 1}, packed.storage_offset() + col);
+  const int64_t L = packed.size(1);
   return packed.as_strided({B, H, L, W}, {packed.stride(0), W, packed.stride(1), 1}, packed.storage_offset() + col);
 }
 
-// Both passes of either direction over all B·H sequences. q, k, v, out, g, gq, gk, gv: [B, H, L, *]
-// with unit stride along the last dimension; S [B, H, D, E] and c [B, H, D] contiguous.
+// Both passes of either direction over all B·H sequences. k, v, gk, gv: [B, H, L, *]; q, out, g, gq:
+// [B, H, Lq, *]; all with unit stride along the last dimension; S [B, H, D, E] and c [B, H, D]
+// contiguous.
 void launch_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pad,
                     const at::Tensor& out, const at::Tensor& S, const at::Tensor& c) {
-  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), D = q.size(3), E = v.size(3);
+  const int64_t B = q.size(0), H = q.size(1), L = k.size(2), D = q.size(3), E = v.size(3);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "linrec_global_paper_fused", [&] {
     using T = scalar_t;
-    const Args<T> a{view_of<const T>(q), view_of<const T>(k), view_of<const T>(v), pad.data_ptr<bool>(), B, H, L, D, E};
+    const Args<T> a{view_of<const T>(q), view_of<const T>(k), view_of<const T>(v), pad.data_ptr<bool>(), B, H, L, D, E,
+                    q.size(2)};
     const View<T> o = view_of<T>(out);
     T *Sp = S.data_ptr<T>(), *cp = c.data_ptr<T>();
     with_width(D, E, [&](auto width) {
@@ -331,10 +338,11 @@ void launch_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 void launch_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pad,
                      const at::Tensor& S, const at::Tensor& c, const at::Tensor& g, const at::Tensor& gq,
                      const at::Tensor& gk, const at::Tensor& gv) {
-  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), D = q.size(3), E = v.size(3);
+  const int64_t B = q.size(0), H = q.size(1), L = k.size(2), D = q.size(3), E = v.size(3);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "linrec_global_paper_fused_backward", [&] {
     using T = scalar_t;
-    const Args<T> a{view_of<const T>(q), view_of<const T>(k), view_of<const T>(v), pad.data_ptr<bool>(), B, H, L, D, E};
+    const Args<T> a{view_of<const T>(q), view_of<const T>(k), view_of<const T>(v), pad.data_ptr<bool>(), B, H, L, D, E,
+                    q.size(2)};
     const View<const T> gout = view_of<const T>(g);
     const View<T> gqv = view_of<T>(gq), gkv = view_of<T>(gk), gvv = view_of<T>(gv);
     const T *Sp = S.data_ptr<T>(), *cp = c.data_ptr<T>();
@@ -407,6 +415,37 @@ class LinrecGlobalPaperPacked : public torch::autograd::Function<LinrecGlobalPap
   }
 };
 
+// The last slot's query [B, D] against the packed keys and values [B, L, 2·D] of every slot.
+class LinrecGlobalPaperLast : public torch::autograd::Function<LinrecGlobalPaperLast> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& kv_in,
+                               const at::Tensor& key_padding, int64_t heads) {
+    auto q = rows_contiguous(q_in), kv = rows_contiguous(kv_in);
+    auto pad = key_padding.contiguous();
+    const int64_t B = q.size(0), D = q.size(1), W = D / heads;
+    auto out = torch::empty({B, D}, q.options());
+    auto S = torch::empty({B, heads, W, W}, q.options()), c = torch::empty({B, heads, W}, q.options());
+    launch_forward(heads_of(q, heads, W, 0), heads_of(kv, heads, W, 0), heads_of(kv, heads, W, D), pad,
+                   heads_of(out, heads, W, 0), S, c);
+    ctx->save_for_backward({q, kv, pad, S, c});
+    ctx->saved_data["heads"] = heads;
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &kv = saved[1];
+    const int64_t heads = ctx->saved_data["heads"].toInt();
+    const int64_t D = q.size(1), W = D / heads;
+    auto g = rows_contiguous(grads[0]);
+    auto gq = torch::empty_like(q), gkv = torch::empty_like(kv);
+    launch_backward(heads_of(q, heads, W, 0), heads_of(kv, heads, W, 0), heads_of(kv, heads, W, D), saved[2],
+                    saved[3], saved[4], heads_of(g, heads, W, 0), heads_of(gq, heads, W, 0),
+                    heads_of(gkv, heads, W, 0), heads_of(gkv, heads, W, D));
+    return {gq, gkv, at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 at::Tensor linrec_global_paper_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -416,6 +455,11 @@ at::Tensor linrec_global_paper_fused(const at::Tensor& q, const at::Tensor& k, c
 
 at::Tensor linrec_global_paper_packed(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_padding) {
   return LinrecGlobalPaperPacked::apply(qkv, key_padding, heads)[0];
+}
+
+at::Tensor linrec_global_paper_last(const at::Tensor& q, const at::Tensor& kv, int64_t heads,
+                                    const at::Tensor& key_padding) {
+  return LinrecGlobalPaperLast::apply(q, kv, key_padding, heads)[0];
 }
 
 }  // namespace seqrec::ops

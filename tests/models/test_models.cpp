@@ -8,6 +8,7 @@
 #include <string>
 
 #include "models/model.h"
+#include "ops/dropout/dropout.h"
 
 namespace {
 using namespace seqrec::models;
@@ -124,6 +125,49 @@ TEST_P(ModelContract, EncodeLastEqualsTheLastSlotOfEncode) {
   auto full = m->encode(input).select(1, 69);
   auto last = m->encode_last(input);
   EXPECT_TRUE(torch::allclose(full, last, 1e-5, 1e-5)) << (full - last).abs().max();
+}
+
+// The last-slot objective trains through encode_last: in training mode it must give encode's
+// last slot and the same parameter gradients (without dropout), and draw the same dropout calls
+// from the generator as encode (a last-slot path that skipped a dropout would train another
+// model; SASRec's attention probabilities once did).
+TEST_P(ModelContract, EncodeLastTrainsAsTheLastSlotOfEncode) {
+  auto o = options(GetParam());
+  const auto input = torch::cat({seq({3, 7, 1, 9}, 70), seq({5}, 70), seq(long_items(70, 3), 70)});
+  const auto weights = torch::linspace(-1, 1, 3 * o.hidden).view({3, o.hidden});
+  auto grads = [&](SequenceModel& m, bool last) {
+    torch::manual_seed(3);  // the same gating noise (FLASH4Rec's mixture of experts) both times
+    for (auto& [name, p] : m.named_parameters()) p.mutable_grad() = at::Tensor();
+    auto h = last ? m.encode_last(input) : m.encode(input).select(1, 69);
+    (h * weights).sum().backward();
+    std::vector<at::Tensor> g;
+    for (auto& [name, p] : m.named_parameters())
+      g.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+    return std::make_pair(h.detach(), g);
+  };
+  auto m = make_model(o);
+  m->set_training(true);
+  auto [full_h, full_g] = grads(*m, false);
+  m->take_auxiliary_loss();
+  auto [last_h, last_g] = grads(*m, true);
+  m->take_auxiliary_loss();
+  EXPECT_TRUE(torch::allclose(full_h, last_h, 1e-5, 1e-5)) << (full_h - last_h).abs().max();
+  auto names = m->named_parameters();
+  for (size_t i = 0; i < full_g.size(); ++i)
+    EXPECT_TRUE(torch::allclose(full_g[i], last_g[i], 1e-4, 1e-5))
+        << names[i].first << ": " << (full_g[i] - last_g[i]).abs().max();
+
+  o.dropout = 0.2;
+  auto d = make_model(o);
+  d->set_training(true);
+  auto draws_after = [&](bool last) {
+    torch::manual_seed(11);
+    torch::NoGradGuard g;
+    last ? d->encode_last(input) : d->encode(input);
+    d->take_auxiliary_loss();
+    return seqrec::ops::random_seed();
+  };
+  EXPECT_EQ(draws_after(false), draws_after(true)) << "encode_last drew a different number of dropout calls";
 }
 
 TEST_P(ModelContract, EveryParameterGetsAGradient) {

@@ -221,6 +221,44 @@ TEST(LinearAttention, LinrecGlobalFusedMatchesTheComposition) {
     }
 }
 
+// The last slot alone (a model's last block under the last-slot objective): its query [B, D]
+// against every slot's packed keys and values gives the packed global op's last slot, values and
+// the projection's gradient, under both normalisations (the paper's through the fused kernel's
+// one-query entry, the code's through the reference with one query row); an all-padding row
+// gives finite numbers.
+TEST(LinearAttention, LinrecLastSlotEqualsThePackedOpsLastSlot) {
+  torch::manual_seed(14);
+  for (auto dtype : {torch::kFloat64, torch::kFloat32})
+    for (auto norm : {LinrecNorm::kPaper, LinrecNorm::kCode})
+      for (const Case& c : std::vector<Case>{{1, 1, 1, 1, {1}},
+                                             {3, 8, 120, 16, {120, 57, 0}},
+                                             {2, 1, 200, 50, {200, 131}},
+                                             {2, 2, 9, 5, {9, 4}}}) {
+        const int64_t D = c.H * c.D;
+        const std::string where = describe({c.B, c.H, c.L, c.D, c.D}, dtype) + " " + linrec_norm_name(norm);
+        auto qkv = torch::randn({c.B, c.L, 3 * D}, dtype).requires_grad_();
+        auto pad = padding_mask(c.lengths, c.L);
+        auto real = pad.select(1, c.L - 1).logical_not().unsqueeze(1);  // [B, 1]: the last slot is real
+        auto gout = torch::randn({c.B, D}, dtype) * real;
+        auto got = linrec_attention_last(qkv.select(1, c.L - 1).narrow(1, 0, D), qkv.narrow(2, D, 2 * D), c.H, pad, norm);
+        ASSERT_TRUE(got.grad_fn());
+        EXPECT_EQ(got.grad_fn()->name().find("LinrecGlobalPaperLast") != std::string::npos, norm == LinrecNorm::kPaper)
+            << where << ": " << got.grad_fn()->name();
+        EXPECT_TRUE(torch::isfinite(got).all().item<bool>()) << where;
+        auto want = linrec_attention_packed(qkv, c.H, pad, norm, LinrecForm::kGlobal).select(1, c.L - 1);
+        const double tol = dtype == torch::kFloat64 ? 1e-10 : 3e-5;
+        EXPECT_LE(relative_error(got * real, want * real), tol) << where;
+        auto g_got = torch::autograd::grad({got}, {qkv}, {gout})[0];
+        auto g_want = torch::autograd::grad({want}, {qkv}, {gout})[0];
+        EXPECT_LE(relative_error(g_got, g_want), tol) << where << " dqkv";
+      }
+  auto q = torch::randn({2, 8}), kv = torch::randn({2, 5, 16});
+  auto pad = padding_mask({5, 2}, 5);
+  EXPECT_THROW(linrec_attention_last(q, kv.narrow(2, 0, 15), 2, pad, LinrecNorm::kPaper), c10::Error);
+  EXPECT_THROW(linrec_attention_last(q, kv, 3, pad, LinrecNorm::kPaper), c10::Error);
+  EXPECT_THROW(linrec_attention_last(q, kv, 2, pad.narrow(1, 0, 4), LinrecNorm::kPaper), c10::Error);
+}
+
 // The fused LinRec kernel's float exp (its ELU) against std::exp in double, every 1/1024 from
 // -87 to 0 and the ends: within 2 ulp of the true value; below -87 it holds exp(-87).
 TEST(LinearAttention, FloatExpIsWithinTwoUlp) {
