@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Training time per epoch of several models (and binaries) measured in alternating rounds, so
+# that a VM's drift between hours falls on every side alike: how the LinRec / SASRec time ratios
+# of docs/benchmarks.md were taken. Each run trains STEPS steps from scratch and reports the
+# trainer's extrapolated seconds per epoch and its peak RSS; the summary gives each side's mean
+# and each model's ratio to the first model, per binary.
+#   bench/train_time_rounds.sh [ROUNDS] [STEPS] -- TRAIN FLAGS...
+# e.g. (LinRec's paper setting in its released code's scheme, the time bar's own):
+#   bench/train_time_rounds.sh 3 80 -- --flagfile configs/ml-1m/linrec.flags --objective last --train_prefixes
+# Environment: MODELS (default "sasrec linrec"), BINS (name=path pairs, default
+# "build=build/seqrec"; name a second binary to time a change against), THREADS (default 1),
+# DATA (a prepared ML-1M, default runs/ml-1m-uf, else prepared into BENCH_DIR from
+# ../shared/data/ml-1m/sasrec/ml-1m.txt.xz).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+steps=${2:-80}
+shift $(($# >= 2 ? 2 : $#))
+[ "${1:-}" = "--" ] && shift
+models=${MODELS:-sasrec linrec}
+bins=${BINS:-build=build/seqrec}
+threads=${THREADS:-1}
+work=${BENCH_DIR:-/tmp/seqrec-time-rounds}
+data=${DATA:-runs/ml-1m-uf}
+mkdir -p "$work"
+if [ ! -f "$data/meta.h5" ]; then
+  src=${ML1M:-../shared/data/ml-1m/sasrec/ml-1m.txt.xz}
+  [ -f "$src" ] || { echo "no prepared data at $data and no $src (see ../shared/data/README.md)" >&2; exit 1; }
+  data=$work/ml-1m
+  [ -f "$data/meta.h5" ] || "${bins#*=}" prepare --format sasrec --input "$src" --out "$data" --progress=false
+fi
+for b in $bins; do [ -x "${b#*=}" ] || { echo "not an executable: ${b#*=} (BINS entry $b)" >&2; exit 1; }; done
+
+echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $threads thread(s) per run"
+echo "== $rounds round(s) of $steps steps; models: $models; binaries: $bins; flags: $*"
+results=$work/results.txt
+: > "$results"
+for r in $(seq 1 "$rounds"); do
+  for m in $models; do
+    for b in $bins; do
+      name=${b%%=*} bin=${b#*=} out=$work/run-$m-$name
+      rm -rf "$out"
+      if ! "$bin" train "$@" --model "$m" --data "$data" --out "$out" --threads "$threads" --max_steps "$steps" \
+          --final_test=false > "$out.log" 2>&1; then
+        echo "round $r $m $name: failed (log: $out.log)" >&2
+        tail -3 "$out.log" >&2
+        exit 1
+      fi
+      line=$(grep '^\[done\] steps=' "$out.log")
+      sec=$(sed -E 's/.*train time\/epoch=([0-9.]+) s.*/\1/' <<< "$line")
+      rss=$(sed -E 's/.*peak RSS\/rank=([0-9]+) MiB.*/\1/' <<< "$line")
+      echo "round $r  $m  $name  $sec s/epoch  $rss MiB"
+      echo "$m $name $sec $rss" >> "$results"
+    done
+  done
+done
+
+echo "== means (s per extrapolated epoch, peak RSS), ratio to the first model under the same binary"
+first=${models%% *}
+awk -v first="$first" '
+  { key = $1 " " $2; n[key]++; t[key] += $3; if ($4 > m[key]) m[key] = $4; order[key] = order[key] ? order[key] : ++k; name[k] = key }
+  END {
+    for (i = 1; i <= k; i++) {
+      key = name[i]; split(key, p, " "); base = first " " p[2]
+      printf "%-10s %-8s %9.1f s  %6d MiB  %.3fx time  %.2fx memory\n", p[1], p[2], t[key] / n[key], m[key],
+             (t[key] / n[key]) / (t[base] / n[base]), m[key] / m[base]
+    }
+  }' "$results"
