@@ -249,7 +249,8 @@ TEST_F(Cli, TrainWindowsResumeExactlyAndMustMatch) {
 
 // --train_prefixes with the last-slot objective (RecBole's and the released LinRec code's
 // training): every prefix an example, more steps per epoch than windows give, resumed exactly,
-// validated and tested; a checkpoint resumed without the flag is refused by name.
+// validated and tested; a checkpoint resumed without the flag is refused by name; the last
+// block trains on the last slot alone.
 TEST_F(Cli, TrainPrefixesWithTheLastObjective) {
   const std::string a = dir("prefixes-a"), b = dir("prefixes-b");
   const std::string common = "train --data " + data() + " " + kTrainSmall +
@@ -276,6 +277,17 @@ TEST_F(Cli, TrainPrefixesWithTheLastObjective) {
                       dir("prefixes-e"), 300);
   ASSERT_EQ(c.code, 0) << c.output;
   EXPECT_TRUE(contains(c.output, "objective=last attention=causal")) << c.output;
+  // Training encodes the last slot alone: in two blocks, the first runs LinRec's packed op over
+  // every slot, the last its one-query entry (no slot but the last is scored).
+  const std::string prof = dir("prefixes-profile");
+  auto f = run_seqrec("train --data " + data() + " " + kTrainSmall + "--model linrec --objective last --blocks 2 "
+                      "--max_len 6 --train_prefixes --max_steps 3 --profile_steps 2 --profile_after 1 "
+                      "--final_test=false --out " + prof, 300);
+  ASSERT_EQ(f.code, 0) << f.output;
+  std::string table;
+  for (const auto& line : read_lines(prof + "/profile-rank0.txt")) table += line + "\n";
+  EXPECT_TRUE(contains(table, "LinrecGlobalPaperPacked")) << table;
+  EXPECT_TRUE(contains(table, "LinrecGlobalPaperLast")) << table;
 }
 
 TEST_F(Cli, LengthGroupsChangeTheWorkNotTheResult) {
