@@ -58,7 +58,7 @@ done
 echo "== means (s per extrapolated epoch, peak RSS), ratio to the first model under the same binary"
 first=${models%% *}
 awk -v first="$first" '
-  { key = $1 " " $2; n[key]++; t[key] += $3; if ($4 > m[key]) m[key] = $4; order[key] = order[key] ? order[key] : ++k; name[k] = key }
+  { key = $1 " " $2; if (!(key in n)) name[++k] = key; n[key]++; t[key] += $3; if ($4 > m[key]) m[key] = $4 }
   END {
     for (i = 1; i <= k; i++) {
       key = name[i]; split(key, p, " "); base = first " " p[2]
