@@ -8,7 +8,18 @@
 #include <string>
 #include <vector>
 
+#include "ops/kernels.h"
+
 namespace seqrec::testing {
+
+// Sets the fused-kernels switch for a scope and restores it however the scope ends.
+struct ScopedFusedKernels {
+  explicit ScopedFusedKernels(bool on) : before(ops::fused_kernels()) { ops::set_fused_kernels(on); }
+  ~ScopedFusedKernels() { ops::set_fused_kernels(before); }
+  ScopedFusedKernels(const ScopedFusedKernels&) = delete;
+  ScopedFusedKernels& operator=(const ScopedFusedKernels&) = delete;
+  bool before;
+};
 
 // [B, L] bool, true at padded slots: the first L - len slots of each row (left padding) or the
 // last ones (right padding).

@@ -14,17 +14,11 @@
 #include "ops/linear_attention/linear_attention.h"
 #include "ops/lisa_attention/lisa_attention.h"
 #include "ops/routing_attention/routing_attention.h"
+#include "tests/ops/op_test_util.h"
 
 namespace {
 
 using namespace seqrec::ops;
-
-// Restores the switch however a test ends.
-struct FusedKernels {
-  explicit FusedKernels(bool on) : before(fused_kernels()) { set_fused_kernels(on); }
-  ~FusedKernels() { set_fused_kernels(before); }
-  bool before;
-};
 
 struct Case {
   std::string name;
@@ -86,7 +80,7 @@ TEST(FusedKernels, OnByDefaultAndTheOpsRunThem) {
 }
 
 TEST(FusedKernels, OffTheOpsRunTheirReferences) {
-  const FusedKernels off(false);
+  const seqrec::testing::ScopedFusedKernels off(false);
   for (const auto& c : cases()) {
     auto out = c.call();
     ASSERT_TRUE(out.grad_fn()) << c.name;

@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "ops/exp_nonpositive.h"
-#include "ops/kernels.h"
 #include "ops/linear_attention/linear_attention.h"
 #include "ops/linear_attention/linear_attention_cuda.h"
 #include "tests/ops/op_test_util.h"
@@ -255,12 +254,11 @@ TEST(LinearAttention, LinrecLastSlotEqualsThePackedOpsLastSlot) {
       }
   {
     // With the fused kernels off the paper's normalisation takes the reference with one query row.
-    set_fused_kernels(false);
+    const seqrec::testing::ScopedFusedKernels off(false);
     auto qkv = torch::randn({3, 9, 3 * 16}, torch::kFloat64);
     auto pad = padding_mask({9, 4, 1}, 9);
     auto got = linrec_attention_last(qkv.select(1, 8).narrow(1, 0, 16), qkv.narrow(2, 16, 32), 2, pad, LinrecNorm::kPaper);
     auto want = linrec_attention_packed(qkv, 2, pad, LinrecNorm::kPaper, LinrecForm::kGlobal).select(1, 8);
-    set_fused_kernels(true);
     EXPECT_LE(relative_error(got, want), 1e-12);
   }
   auto q = torch::randn({2, 8}), kv = torch::randn({2, 5, 16});
