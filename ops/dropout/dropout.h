@@ -3,13 +3,19 @@
 // Inverted dropout whose mask comes from a counter-based generator: one 64-bit draw from
 // Torch's default generator seeds the call (so the dropout stream is part of the saved RNG
 // state and resumes exactly), and element i's keep decision is a hash of (seed, i).
-// On CPU this is several times cheaper than a Bernoulli draw per element.
+// On CPU this is several times cheaper than a Bernoulli draw per element; the fused CPU op
+// (dropout_fused.cpp) applies the mask without making it, and its backward draws it again.
 #include <ATen/core/Tensor.h>
 
 namespace seqrec::ops {
 
-// x * mask / (1 - p) with mask ~ Bernoulli(1 - p); identity when !training or p == 0.
+// x * mask / (1 - p) with mask ~ Bernoulli(1 - p); identity when !training or p == 0. One
+// random_seed() draw per call in training; on the CPU (float, double) the fused op, bit for bit
+// dropout_reference with that seed (or the reference itself under --fused_kernels=false).
 at::Tensor dropout(const at::Tensor& x, double p, bool training);
+
+// x * dropout_mask(x, p, seed): what the fused op computes, through a mask tensor.
+at::Tensor dropout_reference(const at::Tensor& x, double p, uint64_t seed);
 
 // SplitMix64's finaliser: the counter-based hash behind dropout masks, MoE gating noise and
 // keyed priorities (a bijection on 64 bits with good avalanche).
@@ -24,7 +30,9 @@ inline uint64_t mix64(uint64_t z) {
 // part of the saved RNG state.
 uint64_t random_seed();
 
-// The scaled keep mask (values 0 or 1/(1-p)) for `seed`, shaped like `like`. Exposed for tests.
+// The scaled keep mask (values 0 or float(1/(1-p))) for `seed`, shaped like `like`: element i
+// (row-major) is kept when 16-bit lane i % 4 (from the low end) of
+// mix64(mix64(seed ^ φ) + (i / 4) · φ) is at least round(p · 2^16), φ = 0x9E3779B97F4A7C15.
 at::Tensor dropout_mask(const at::Tensor& like, double p, uint64_t seed);
 
 }  // namespace seqrec::ops

@@ -71,9 +71,9 @@ struct Args {
   int64_t Lq;  // the queries (L, or 1 for the last slot alone): the global form lets each see every key
 };
 
-// Scratch per thread, the larger of the two passes' needs: forward 3 rows of D; backward Sᵀ, G
-// and Gᵀ, and 7 rows of D.
-inline int64_t scratch_elements(int64_t D, int64_t E) { return 3 * D * E + 7 * D; }
+// Scratch per thread, the larger of the two passes' needs: forward 9 rows of D; backward Sᵀ, G
+// and Gᵀ, and 19 rows of D.
+inline int64_t scratch_elements(int64_t D, int64_t E) { return 3 * D * E + 19 * D; }
 
 template <typename T>
 __attribute__((always_inline)) inline T inv_clamped_norm(T r) {
@@ -99,6 +99,25 @@ __attribute__((always_inline)) inline void elu_row(const T* __restrict__ x, T* _
   }
 }
 
+// Rows are taken in groups of four (kGroup): a product with S, Sᵀ, G or Gᵀ then reads each of
+// its rows once for four slots, and a rank-1 update of S or G loads and stores each row once for
+// four (weighted_rows4, add_outer4); a group's last rows, when fewer, go one by one.
+constexpr int kGroup = 4;
+
+// The keys' pass of the forward over one group of cnt real keys (ELU applied): their squares
+// into c, their outer products with the values into S.
+template <typename T, int kD, int kE>
+__attribute__((always_inline)) inline void forward_keys(const T* const* ke, const T* const* vt, int cnt, int64_t D,
+                                                        int64_t E, T* __restrict__ S, T* __restrict__ c) {
+  for (int r = 0; r < cnt; ++r) {
+    const T* __restrict__ kr = ke[r];
+#pragma omp simd
+    for (int64_t i = 0; i < D; ++i) c[i] += kr[i] * kr[i];
+  }
+  if (cnt == kGroup) return add_outer4<T, kE>(S, ke, vt, D, E);
+  for (int r = 0; r < cnt; ++r) add_outer<T, kE>(S, ke[r], vt[r], D, E);
+}
+
 // Forward of sequence (b, h): S [D x E] and c [D] are what the backward reuses.
 template <typename T, int kD, int kE>
 __attribute__((always_inline)) inline void forward_seq(const Args<T>& a, int64_t b, int64_t h, View<T> out, T* S,
@@ -110,27 +129,33 @@ __attribute__((always_inline)) inline void forward_seq(const Args<T>& a, int64_t
   const bool* pad = a.pad + b * L;
   T* __restrict__ o = out.seq(b, h);
   T* __restrict__ s = scratch;
-  T* __restrict__ w = scratch + D;
-  T* __restrict__ e = scratch + 2 * D;  // the row after ELU
+  T* __restrict__ rows = scratch + D;  // kGroup rows after ELU (keys), then kGroup rows of w (queries)
   std::fill(S, S + D * E, T(0));
   std::fill(c, c + D, T(0));
   int64_t n = 0;
+  const T* ke[kGroup];
+  const T* vt[kGroup];
+  int g = 0;
   for (int64_t t = 0; t < L; ++t) {
     if (pad[t]) continue;
     ++n;
+    T* e = rows + g * D;
     elu_row(k + t * a.k.st, e, D);
-    const T* __restrict__ kt = e;
-    const T* __restrict__ vt = v + t * a.v.st;
-    for (int64_t i = 0; i < D; ++i) {
-      const T ki = kt[i];
-      c[i] += ki * ki;
-      T* __restrict__ row = S + i * E;
-#pragma omp simd
-      for (int64_t j = 0; j < E; ++j) row[j] += ki * vt[j];
+    ke[g] = e;
+    vt[g] = v + t * a.v.st;
+    if (++g == kGroup) {
+      forward_keys<T, kD, kE>(ke, vt, g, D, E, S, c);
+      g = 0;
     }
   }
+  forward_keys<T, kD, kE>(ke, vt, g, D, E, S, c);
+
   const T nn = static_cast<T>(std::max<int64_t>(n, 1)), inv_sqrt_d = T(1) / std::sqrt(static_cast<T>(D));
   column_scales(c, nn, D, s);
+  T* __restrict__ e = rows;  // one row after ELU
+  const T* ws[kGroup];
+  T* os[kGroup];
+  g = 0;
   for (int64_t t = 0; t < a.Lq; ++t) {
     elu_row(q + t * a.q.st, e, D);
     const T* __restrict__ qt = e;
@@ -138,10 +163,17 @@ __attribute__((always_inline)) inline void forward_seq(const Args<T>& a, int64_t
 #pragma omp simd reduction(+ : r2)
     for (int64_t i = 0; i < D; ++i) r2 += qt[i] * qt[i];
     const T scale = inv_clamped_norm(std::sqrt(r2)) * inv_sqrt_d;
+    T* __restrict__ w = rows + (1 + g) * D;
 #pragma omp simd
     for (int64_t i = 0; i < D; ++i) w[i] = qt[i] * scale * s[i];
-    weighted_rows<T, kE>(w, S, D, E, o + t * out.st);
+    ws[g] = w;
+    os[g] = o + t * out.st;
+    if (++g == kGroup) {
+      weighted_rows4<T, kE>(ws, S, D, E, os);
+      g = 0;
+    }
   }
+  for (int r = 0; r < g; ++r) weighted_rows<T, kE>(ws[r], S, D, E, os[r]);
 }
 
 template <typename T>
@@ -149,6 +181,83 @@ __attribute__((always_inline)) inline void transpose(const T* __restrict__ from,
                                                      int64_t cols) {
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < cols; ++j) to[j * rows + i] = from[i * cols + j];
+}
+
+// One query row of the backward, kept while its group fills.
+template <typename T>
+struct QueryRow {
+  const T* raw;  // before ELU
+  const T* e;    // after ELU
+  const T* u;    // e / (r · sqrt(D))
+  const T* w;    // u ⊙ s
+  const T* g;    // its output's gradient
+  T* gw;         // S g, then the gradient of u
+  T* gq;         // its gradient
+  T r, inv_r, scale;
+};
+
+// The queries' pass of the backward over one group of cnt rows: gw = S g (a sum of rows of Sᵀ),
+// G += w gᵀ, then each row's ds and gradient through the row norm and ELU.
+template <typename T, int kD, int kE>
+__attribute__((always_inline)) inline void backward_queries(QueryRow<T>* rows, int cnt, int64_t D, int64_t E,
+                                                            const T* __restrict__ ST, const T* __restrict__ s,
+                                                            T* __restrict__ G, T* __restrict__ ds) {
+  if (cnt == kGroup) {
+    const T* gs[kGroup] = {rows[0].g, rows[1].g, rows[2].g, rows[3].g};
+    const T* ws[kGroup] = {rows[0].w, rows[1].w, rows[2].w, rows[3].w};
+    T* gws[kGroup] = {rows[0].gw, rows[1].gw, rows[2].gw, rows[3].gw};
+    weighted_rows4<T, kD>(gs, ST, E, D, gws);
+    add_outer4<T, kE>(G, ws, gs, D, E);
+  } else {
+    for (int r = 0; r < cnt; ++r) {
+      weighted_rows<T, kD>(rows[r].g, ST, E, D, rows[r].gw);
+      add_outer<T, kE>(G, rows[r].w, rows[r].g, D, E);
+    }
+  }
+  for (int r = 0; r < cnt; ++r) {
+    const QueryRow<T>& x = rows[r];
+    const T* __restrict__ qt = x.e;
+    const T* __restrict__ u = x.u;
+    const T* __restrict__ qraw = x.raw;
+    T* __restrict__ gw = x.gw;
+    T dot = 0;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t i = 0; i < D; ++i) {
+      ds[i] += gw[i] * u[i];
+      gw[i] *= s[i];  // now the gradient of u
+      dot += qt[i] * gw[i];
+    }
+    // Below eps the norm is a constant: no gradient through it.
+    const T along = x.r >= T(kEps) ? dot * x.inv_r * x.inv_r : T(0);
+    T* __restrict__ gqt = x.gq;
+#pragma omp simd
+    for (int64_t i = 0; i < D; ++i)
+      gqt[i] = x.scale * (gw[i] - qt[i] * along) * (qraw[i] > T(0) ? T(1) : qt[i] + T(1));
+  }
+}
+
+// The keys' pass of the backward over one group of cnt real keys (ELU applied in ke): the keys'
+// gradient before ELU, G v less the norm's term (a sum of rows of Gᵀ), and the values' Gᵀ ke.
+template <typename T, int kD, int kE>
+__attribute__((always_inline)) inline void backward_keys(const T* const* kraw, const T* const* ke, const T* const* vt,
+                                                         T* const* gk, T* const* gv, T* const* gw, int cnt, int64_t D,
+                                                         int64_t E, const T* __restrict__ G, const T* __restrict__ GT,
+                                                         const T* __restrict__ dc) {
+  if (cnt == kGroup) weighted_rows4<T, kD>(vt, GT, E, D, gw);
+  else
+    for (int r = 0; r < cnt; ++r) weighted_rows<T, kD>(vt[r], GT, E, D, gw[r]);
+  for (int r = 0; r < cnt; ++r) {
+    const T* __restrict__ kt = ke[r];
+    const T* __restrict__ kr = kraw[r];
+    const T* __restrict__ gwr = gw[r];
+    T* __restrict__ gkt = gk[r];
+#pragma omp simd
+    for (int64_t i = 0; i < D; ++i)
+      gkt[i] = (gwr[i] + T(2) * dc[i] * kt[i]) * (kr[i] > T(0) ? T(1) : kt[i] + T(1));
+  }
+  if (cnt == kGroup) weighted_rows4<T, kE>(ke, G, D, E, gv);
+  else
+    for (int r = 0; r < cnt; ++r) weighted_rows<T, kE>(ke[r], G, D, E, gv[r]);
 }
 
 template <typename T, int kD, int kE>
@@ -167,10 +276,7 @@ __attribute__((always_inline)) inline void backward_seq(const Args<T>& a, int64_
   T* __restrict__ s = GT + D * E;          // [D]
   T* __restrict__ ds = s + D;              // [D]
   T* __restrict__ dc = ds + D;             // [D]
-  T* __restrict__ u = dc + D;              // [D]
-  T* __restrict__ w = u + D;               // [D]
-  T* __restrict__ gw = w + D;              // [D]
-  T* __restrict__ e = gw + D;              // [D]: the row after ELU
+  T* __restrict__ rows = dc + D;           // kGroup x (e, u, w, gw), each [D]
   int64_t n = 0;
   for (int64_t t = 0; t < L; ++t) n += pad[t] ? 0 : 1;
   const T nn = static_cast<T>(std::max<int64_t>(n, 1)), inv_sqrt_d = T(1) / std::sqrt(static_cast<T>(D));
@@ -179,43 +285,41 @@ __attribute__((always_inline)) inline void backward_seq(const Args<T>& a, int64_
   std::fill(G, G + D * E, T(0));
   std::fill(ds, ds + D, T(0));
 
-  // Queries: gw = S gout[t] as a sum of rows of Sᵀ; G and ds accumulate; gqe through the row norm.
+  // Queries: gw = S gout[t]; G and ds accumulate; gqe through the row norm.
   T* __restrict__ gqs = gq.seq(b, h);
+  QueryRow<T> qrows[kGroup];
+  int cnt = 0;
   for (int64_t t = 0; t < a.Lq; ++t) {
-    const T* __restrict__ qraw = q + t * a.q.st;
-    elu_row(qraw, e, D);
-    const T* __restrict__ qt = e;
-    const T* __restrict__ gt = go + t * g.st;
+    T* e = rows + (4 * cnt) * D;
+    T* u = e + D;
+    T* w = u + D;
+    QueryRow<T>& x = qrows[cnt];
+    x.raw = q + t * a.q.st;
+    elu_row(x.raw, e, D);
     T r2 = 0;
 #pragma omp simd reduction(+ : r2)
-    for (int64_t i = 0; i < D; ++i) r2 += qt[i] * qt[i];
-    const T r = std::sqrt(r2), inv_r = inv_clamped_norm(r), scale = inv_r * inv_sqrt_d;
+    for (int64_t i = 0; i < D; ++i) r2 += e[i] * e[i];
+    x.r = std::sqrt(r2);
+    x.inv_r = inv_clamped_norm(x.r);
+    x.scale = x.inv_r * inv_sqrt_d;
+    const T scale = x.scale;
 #pragma omp simd
     for (int64_t i = 0; i < D; ++i) {
-      u[i] = qt[i] * scale;
+      u[i] = e[i] * scale;
       w[i] = u[i] * s[i];
     }
-    weighted_rows<T, kD>(gt, ST, E, D, gw);
-    for (int64_t i = 0; i < D; ++i) {
-      const T wi = w[i];
-      T* __restrict__ row = G + i * E;
-#pragma omp simd
-      for (int64_t j = 0; j < E; ++j) row[j] += wi * gt[j];
+    x.e = e;
+    x.u = u;
+    x.w = w;
+    x.gw = w + D;
+    x.g = go + t * g.st;
+    x.gq = gqs + t * gq.st;
+    if (++cnt == kGroup) {
+      backward_queries<T, kD, kE>(qrows, cnt, D, E, ST, s, G, ds);
+      cnt = 0;
     }
-    T dot = 0;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t i = 0; i < D; ++i) {
-      ds[i] += gw[i] * u[i];
-      gw[i] *= s[i];  // now the gradient of u
-      dot += qt[i] * gw[i];
-    }
-    T* __restrict__ gqt = gqs + t * gq.st;
-    // Below eps the norm is a constant: no gradient through it.
-    const T along = r >= T(kEps) ? dot * inv_r * inv_r : T(0);
-#pragma omp simd
-    for (int64_t i = 0; i < D; ++i)
-      gqt[i] = scale * (gw[i] - qt[i] * along) * (qraw[i] > T(0) ? T(1) : qt[i] + T(1));
   }
+  backward_queries<T, kD, kE>(qrows, cnt, D, E, ST, s, G, ds);
 
   for (int64_t i = 0; i < D; ++i) dc[i] = c[i] >= T(kEps) ? T(-0.5) * ds[i] * s[i] * s[i] * s[i] * nn : T(0);
   transpose(G, GT, D, E);
@@ -223,24 +327,33 @@ __attribute__((always_inline)) inline void backward_seq(const Args<T>& a, int64_
   // Keys and values, real slots only.
   T* __restrict__ gks = gk.seq(b, h);
   T* __restrict__ gvs = gv.seq(b, h);
+  const T* kraw[kGroup];
+  const T* ke[kGroup];
+  const T* vt[kGroup];
+  T* gkt[kGroup];
+  T* gvt[kGroup];
+  T* gw[kGroup];
+  cnt = 0;
   for (int64_t t = 0; t < L; ++t) {
-    T* __restrict__ gkt = gks + t * gk.st;
-    T* __restrict__ gvt = gvs + t * gv.st;
     if (pad[t]) {
-      std::fill(gkt, gkt + D, T(0));
-      std::fill(gvt, gvt + E, T(0));
+      std::fill(gks + t * gk.st, gks + t * gk.st + D, T(0));
+      std::fill(gvs + t * gv.st, gvs + t * gv.st + E, T(0));
       continue;
     }
-    const T* __restrict__ kraw = k + t * a.k.st;
-    elu_row(kraw, e, D);
-    const T* __restrict__ kt = e;
-    const T* __restrict__ vt = v + t * a.v.st;
-    weighted_rows<T, kD>(vt, GT, E, D, gw);  // gw: the keys' gradient after ELU, less the norm's term
-#pragma omp simd
-    for (int64_t i = 0; i < D; ++i)
-      gkt[i] = (gw[i] + T(2) * dc[i] * kt[i]) * (kraw[i] > T(0) ? T(1) : kt[i] + T(1));
-    weighted_rows<T, kE>(kt, G, D, E, gvt);
+    T* e = rows + (2 * cnt) * D;
+    kraw[cnt] = k + t * a.k.st;
+    elu_row(kraw[cnt], e, D);
+    ke[cnt] = e;
+    gw[cnt] = e + D;  // the keys' gradient after ELU, less the norm's term
+    vt[cnt] = v + t * a.v.st;
+    gkt[cnt] = gks + t * gk.st;
+    gvt[cnt] = gvs + t * gv.st;
+    if (++cnt == kGroup) {
+      backward_keys<T, kD, kE>(kraw, ke, vt, gkt, gvt, gw, cnt, D, E, G, GT, dc);
+      cnt = 0;
+    }
   }
+  backward_keys<T, kD, kE>(kraw, ke, vt, gkt, gvt, gw, cnt, D, E, G, GT, dc);
 }
 
 // Sequences [begin, end) of B·H, for one width specialisation; compiled once for the baseline
@@ -278,6 +391,15 @@ SEQREC_CPU_AVX2 void forward_range_avx2(const Args<T>& a, View<T> out, T* S, T* 
 template <typename T, int kD, int kE>
 SEQREC_CPU_AVX2 void backward_range_avx2(const Args<T>& a, View<const T> g, const T* S, const T* c, View<T> gq,
                                          View<T> gk, View<T> gv, int64_t begin, int64_t end) {
+  backward_range_any<T, kD, kE>(a, g, S, c, gq, gk, gv, begin, end);
+}
+template <typename T, int kD, int kE>
+SEQREC_CPU_AVX512 void forward_range_avx512(const Args<T>& a, View<T> out, T* S, T* c, int64_t begin, int64_t end) {
+  forward_range_any<T, kD, kE>(a, out, S, c, begin, end);
+}
+template <typename T, int kD, int kE>
+SEQREC_CPU_AVX512 void backward_range_avx512(const Args<T>& a, View<const T> g, const T* S, const T* c, View<T> gq,
+                                             View<T> gk, View<T> gv, int64_t begin, int64_t end) {
   backward_range_any<T, kD, kE>(a, g, S, c, gq, gk, gv, begin, end);
 }
 #endif
@@ -327,6 +449,7 @@ void launch_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
       constexpr int W = decltype(width)::value;
       at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
 #if SEQREC_CPU_X86
+        if (W == 16 && cpu_has_avx512()) return forward_range_avx512<T, W, W>(a, o, Sp, cp, begin, end);
         if (cpu_has_avx2_fma()) return forward_range_avx2<T, W, W>(a, o, Sp, cp, begin, end);
 #endif
         forward_range<T, W, W>(a, o, Sp, cp, begin, end);
@@ -350,6 +473,8 @@ void launch_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       constexpr int W = decltype(width)::value;
       at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
 #if SEQREC_CPU_X86
+        if (W == 16 && cpu_has_avx512())
+          return backward_range_avx512<T, W, W>(a, gout, Sp, cp, gqv, gkv, gvv, begin, end);
         if (cpu_has_avx2_fma()) return backward_range_avx2<T, W, W>(a, gout, Sp, cp, gqv, gkv, gvv, begin, end);
 #endif
         backward_range<T, W, W>(a, gout, Sp, cp, gqv, gkv, gvv, begin, end);

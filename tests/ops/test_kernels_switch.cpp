@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/dropout/dropout.h"
 #include "ops/interest_attention/interest_attention.h"
 #include "ops/kernels.h"
 #include "ops/linear_attention/linear_attention.h"
@@ -67,6 +68,16 @@ std::vector<Case> cases() {
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   out.push_back({"routing", "RoutedAttention", [=] { return routed_attention(r, v, plan, pad, scale, 0.0, false); },
                  [=] { return routed_attention_reference(r, v, plan, pad, scale, 0.0, false); }});
+
+  out.push_back({"dropout", "DropoutFused",
+                 [=] {
+                   torch::manual_seed(17);
+                   return seqrec::ops::dropout(q, 0.3, true);
+                 },
+                 [=] {
+                   torch::manual_seed(17);
+                   return dropout_reference(q, 0.3, random_seed());
+                 }});
   return out;
 }
 

@@ -181,6 +181,7 @@ TEST(LinearAttention, LinrecGlobalFusedMatchesTheComposition) {
     for (const Fused& c : std::vector<Fused>{{{1, 1, 1, 1, 1}, {1}},
                                              {{2, 3, 7, 5, 3}, {7, 3}},
                                              {{3, 8, 120, 16, 16}, {120, 57, 0}},
+                                             {{2, 2, 10, 16, 16}, {10, 7}},  // groups of 4 rows and 2 or 3 left
                                              {{2, 1, 200, 50, 50}, {200, 131}},
                                              {{2, 2, 65, 64, 64}, {1, 65}},
                                              {{2, 2, 9, 16, 8}, {9, 4}}}) {

@@ -1,0 +1,146 @@
+// Dropout fused on the CPU: y = x * keep(seed, i) / (1 - p) in one pass, with no mask tensor,
+// and its backward g * keep(seed, i) / (1 - p) from the same seed. The keep decisions are
+// dropout_mask's (the reference: x * dropout_mask(x, p, seed)) bit for bit: element i (in x's
+// row-major order) is kept when 16-bit lane i % 4 of mix64(base + (i / 4) · φ) is at least
+// p · 2^16. The hashes of a block of elements are computed first, in one loop over 64-bit lanes
+// that vectorises (AVX-512 multiplies 64-bit lanes; AVX2 composes them), then the block is
+// scaled in a second. The reference drew the mask (one scalar hash per 4 elements, a float
+// tensor as large as x), multiplied it in, and saved it for the backward's second multiply.
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <cstring>
+
+#include "ops/cpu_features.h"
+#include "ops/dropout/dropout.h"
+#include "ops/kernels.h"
+
+namespace seqrec::ops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+constexpr int64_t kBlockWords = 256;               // hashes per block
+constexpr int64_t kBlock = 4 * kBlockWords;        // elements per block
+
+struct Keep {
+  uint64_t base;       // mix64(seed ^ φ)
+  uint32_t threshold;  // keep when the 16-bit lane >= threshold
+};
+
+Keep keep_of(double p, uint64_t seed) {
+  return {mix64(seed ^ kGolden), static_cast<uint32_t>(p * 65536.0 + 0.5)};
+}
+
+// The 16-bit lanes of the hashes of words [w0, w0 + words): lane j of word w at h[4 (w - w0) + j].
+__attribute__((always_inline)) inline void lanes(const Keep& k, int64_t w0, int64_t words, uint16_t* h) {
+  alignas(64) uint64_t r[kBlockWords];
+#pragma omp simd
+  for (int64_t w = 0; w < words; ++w) r[w] = mix64(k.base + static_cast<uint64_t>(w0 + w) * kGolden);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  std::memcpy(h, r, static_cast<size_t>(words) * sizeof(uint64_t));
+#else
+  for (int64_t w = 0; w < words; ++w)
+    for (int j = 0; j < 4; ++j) h[4 * w + j] = static_cast<uint16_t>(r[w] >> (16 * j));
+#endif
+}
+
+// y[i] = x[i] * (keep ? scale : 0) for i in [begin, end) (begin a multiple of 4); x == nullptr
+// writes the mask itself.
+template <typename T>
+__attribute__((always_inline)) inline void scale_range_any(const Keep& k, T scale, const T* __restrict__ x,
+                                                           T* __restrict__ y, int64_t begin, int64_t end) {
+  alignas(64) uint16_t h[kBlock];
+  for (int64_t b = begin; b < end; b += kBlock) {
+    const int64_t n = std::min(kBlock, end - b);
+    lanes(k, b / 4, (n + 3) / 4, h);
+    const uint32_t th = k.threshold;
+    if (x) {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) y[b + i] = x[b + i] * (static_cast<uint32_t>(h[i]) >= th ? scale : T(0));
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) y[b + i] = static_cast<uint32_t>(h[i]) >= th ? scale : T(0);
+    }
+  }
+}
+
+template <typename T>
+void scale_range(const Keep& k, T scale, const T* x, T* y, int64_t begin, int64_t end) {
+  scale_range_any(k, scale, x, y, begin, end);
+}
+#if SEQREC_CPU_X86
+template <typename T>
+SEQREC_CPU_AVX2 void scale_range_avx2(const Keep& k, T scale, const T* x, T* y, int64_t begin, int64_t end) {
+  scale_range_any(k, scale, x, y, begin, end);
+}
+template <typename T>
+SEQREC_CPU_AVX512 void scale_range_avx512(const Keep& k, T scale, const T* x, T* y, int64_t begin, int64_t end) {
+  scale_range_any(k, scale, x, y, begin, end);
+}
+#endif
+
+// y = x * keep / (1 - p) over n elements (x == nullptr: the mask), in blocks across threads.
+template <typename T>
+void scale_by_keep(double p, uint64_t seed, const T* x, T* y, int64_t n) {
+  const Keep k = keep_of(p, seed);
+  // The reference's scale is a float whatever the dtype (its mask is a float tensor).
+  const T scale = static_cast<T>(static_cast<float>(1.0 / (1.0 - p)));
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
+    const int64_t begin = b0 * kBlock, end = std::min(n, b1 * kBlock);
+#if SEQREC_CPU_X86
+    if (cpu_has_avx512()) return scale_range_avx512<T>(k, scale, x, y, begin, end);
+    if (cpu_has_avx2_fma()) return scale_range_avx2<T>(k, scale, x, y, begin, end);
+#endif
+    scale_range<T>(k, scale, x, y, begin, end);
+  });
+}
+
+// x (float or double, on the CPU) times its keep mask, into a new contiguous tensor.
+at::Tensor apply_keep(const at::Tensor& x_in, double p, uint64_t seed) {
+  auto x = x_in.contiguous();
+  auto y = torch::empty(x.sizes(), x.options());
+  if (x.scalar_type() == at::kDouble)
+    scale_by_keep<double>(p, seed, x.data_ptr<double>(), y.data_ptr<double>(), x.numel());
+  else
+    scale_by_keep<float>(p, seed, x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+  return y;
+}
+
+class DropoutFused : public torch::autograd::Function<DropoutFused> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, double p, int64_t seed) {
+    ctx->saved_data["p"] = p;
+    ctx->saved_data["seed"] = seed;
+    return {apply_keep(x, p, static_cast<uint64_t>(seed))};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const double p = ctx->saved_data["p"].toDouble();
+    const auto seed = static_cast<uint64_t>(ctx->saved_data["seed"].toInt());
+    return {apply_keep(grads[0], p, seed), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor dropout_mask(const at::Tensor& like, double p, uint64_t seed) {
+  TORCH_CHECK(p >= 0 && p < 1, "dropout probability must be in [0, 1), got ", p);
+  auto mask = torch::empty(like.sizes(), like.options().dtype(at::kFloat).device(at::kCPU));
+  scale_by_keep<float>(p, seed, nullptr, mask.data_ptr<float>(), mask.numel());
+  return mask.to(like.options().dtype(like.scalar_type()).device(like.device()));
+}
+
+at::Tensor dropout(const at::Tensor& x, double p, bool training) {
+  TORCH_CHECK(p >= 0 && p < 1, "dropout probability must be in [0, 1), got ", p);
+  if (!training || p == 0) return x;
+  if (!x.device().is_cpu()) return torch::dropout(x, p, true);
+  const uint64_t seed = random_seed();
+  if (!fused_kernels() || (x.scalar_type() != at::kFloat && x.scalar_type() != at::kDouble))
+    return dropout_reference(x, p, seed);
+  return DropoutFused::apply(x, p, static_cast<int64_t>(seed))[0];
+}
+
+}  // namespace seqrec::ops
