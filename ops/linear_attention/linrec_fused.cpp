@@ -71,7 +71,7 @@ struct Args {
   int64_t Lq;  // the queries (L, or 1 for the last slot alone): the global form lets each see every key
 };
 
-// Scratch per thread, the larger of the two passes' needs: forward 9 rows of D; backward Sᵀ, G
+// Scratch per thread, the larger of the two passes' needs: forward 6 rows of D; backward Sᵀ, G
 // and Gᵀ, and 19 rows of D.
 inline int64_t scratch_elements(int64_t D, int64_t E) { return 3 * D * E + 19 * D; }
 
@@ -356,8 +356,8 @@ __attribute__((always_inline)) inline void backward_seq(const Args<T>& a, int64_
   backward_keys<T, kD, kE>(kraw, ke, vt, gkt, gvt, gw, cnt, D, E, G, GT, dc);
 }
 
-// Sequences [begin, end) of B·H, for one width specialisation; compiled once for the baseline
-// and once for AVX2 + FMA.
+// Sequences [begin, end) of B·H, for one width specialisation; compiled once for the baseline,
+// once for AVX2 + FMA and, at width 16 (a row is one 512-bit register), once for AVX-512.
 template <typename T, int kD, int kE>
 __attribute__((always_inline)) inline void forward_range_any(const Args<T>& a, View<T> out, T* S, T* c, int64_t begin,
                                                              int64_t end) {
@@ -449,7 +449,8 @@ void launch_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
       constexpr int W = decltype(width)::value;
       at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
 #if SEQREC_CPU_X86
-        if (W == 16 && cpu_has_avx512()) return forward_range_avx512<T, W, W>(a, o, Sp, cp, begin, end);
+        if constexpr (W == 16)
+          if (cpu_has_avx512()) return forward_range_avx512<T, W, W>(a, o, Sp, cp, begin, end);
         if (cpu_has_avx2_fma()) return forward_range_avx2<T, W, W>(a, o, Sp, cp, begin, end);
 #endif
         forward_range<T, W, W>(a, o, Sp, cp, begin, end);
@@ -473,8 +474,8 @@ void launch_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       constexpr int W = decltype(width)::value;
       at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
 #if SEQREC_CPU_X86
-        if (W == 16 && cpu_has_avx512())
-          return backward_range_avx512<T, W, W>(a, gout, Sp, cp, gqv, gkv, gvv, begin, end);
+        if constexpr (W == 16)
+          if (cpu_has_avx512()) return backward_range_avx512<T, W, W>(a, gout, Sp, cp, gqv, gkv, gvv, begin, end);
         if (cpu_has_avx2_fma()) return backward_range_avx2<T, W, W>(a, gout, Sp, cp, gqv, gkv, gvv, begin, end);
 #endif
         backward_range<T, W, W>(a, gout, Sp, cp, gqv, gkv, gvv, begin, end);
