@@ -114,16 +114,7 @@ template <typename T>
 __attribute__((always_inline)) inline void outer_sum(const T* __restrict__ a, const T* __restrict__ b,
                                                      T* __restrict__ S, int64_t L, int64_t Da, int64_t Db) {
   std::fill(S, S + Da * Db, T(0));
-  for (int64_t t = 0; t < L; ++t) {
-    const T* at_ = a + t * Da;
-    const T* bt = b + t * Db;
-    for (int64_t i = 0; i < Da; ++i) {
-      const T ai = at_[i];
-      T* __restrict__ row = S + i * Db;
-#pragma omp simd
-      for (int64_t j = 0; j < Db; ++j) row[j] += ai * bt[j];
-    }
-  }
+  for (int64_t t = 0; t < L; ++t) add_outer<T, 0>(S, a + t * Da, b + t * Db, Da, Db);
 }
 
 template <typename T>

@@ -115,7 +115,7 @@ constexpr int kGroup = 4;
 
 // The keys' pass of the forward over one group of cnt real keys (ELU applied): their squares
 // into c, their outer products with the values into S.
-template <typename T, int kD, int kE>
+template <typename T, int kE>
 __attribute__((always_inline)) inline void forward_keys(const T* const* ke, const T* const* vt, int cnt, int64_t D,
                                                         int64_t E, T* __restrict__ S, T* __restrict__ c) {
   for (int r = 0; r < cnt; ++r) {
@@ -155,11 +155,11 @@ __attribute__((always_inline)) inline void forward_seq(const Args<T>& a, int64_t
     ke[g] = e;
     vt[g] = v + t * a.v.st;
     if (++g == kGroup) {
-      forward_keys<T, kD, kE>(ke, vt, g, D, E, S, c);
+      forward_keys<T, kE>(ke, vt, g, D, E, S, c);
       g = 0;
     }
   }
-  forward_keys<T, kD, kE>(ke, vt, g, D, E, S, c);
+  forward_keys<T, kE>(ke, vt, g, D, E, S, c);
 
   const T nn = static_cast<T>(std::max<int64_t>(n, 1)), inv_sqrt_d = T(1) / std::sqrt(static_cast<T>(D));
   column_scales(c, nn, D, s);

@@ -102,7 +102,7 @@ __attribute__((always_inline)) inline void add_outer4(T* __restrict__ M, const T
   }
 }
 
-// M[i, j] += a[i] b[j]: one rank-1 update (a group's last rows).
+// M[i, j] += a[i] b[j]: one rank-1 update (outer_sum's per slot; a group's last rows in linrec_fused.cpp).
 template <typename T, int kW>
 __attribute__((always_inline)) inline void add_outer(T* __restrict__ M, const T* __restrict__ a,
                                                      const T* __restrict__ b, int64_t n, int64_t W_) {
