@@ -2,11 +2,12 @@
 // bench/attention_scaling.sh (one process per point, so each peak is the op's own).
 //   attention_bench --op OP --len L [--tokens 16384] [--dim 64] [--heads 1] [--interests 20]
 //                   [--codebooks 8] [--codewords 16] [--iters 3] [--device cpu|cuda|cuda:N]
-// OP: softmax | linrec | linrec:global | linear | linear:reference | linear:global | linear:global:reference
+// OP: softmax | linrec | linrec:global | linrec:packed | linear | linear:reference | linear:global | linear:global:reference
 //     | lightsans | lisa | lisa:reference | routing
 //     | routing:reference | gated:softmax
 //     | gated:cosine | model:<name> | loss:softmax | loss:softmax:recompute
-// linear is the causal linear-attention product alone (the fused kernel of the device: CPU or
+// linrec:packed is linrec:global on the packed [B, L, 3·dim] projection the model passes (its heads
+// read in place). linear is the causal linear-attention product alone (the fused kernel of the device: CPU or
 // CUDA), linear:reference its chunked ATen reference; linear:global the non-causal product (the
 // CPU's fused kernel), linear:global:reference q (kᵀ v) by batched products.
 // (model:flash4rec:cosine for FLASH4Rec's linear form). routing is the causal routing op at the
@@ -53,7 +54,7 @@ double status_mb(const char* key) {
 }
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|linrec:global|linear|linear:reference|linear:global|linear:global:reference|lightsans|lisa|lisa:reference|routing|routing:reference|"
+  std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|linrec:global|linrec:packed|linear|linear:reference|linear:global|linear:global:reference|lightsans|lisa|lisa:reference|routing|routing:reference|"
                "gated:softmax|gated:cosine|model:<name>[:cosine]|loss:softmax[:recompute] --len L "
                "[--tokens N] [--dim D] [--items N] [--heads H] [--interests K] [--codebooks C] [--codewords W] [--iters I] "
                "[--device cpu|cuda|cuda:N]\n",
@@ -128,6 +129,12 @@ int main(int argc, char** argv) {
       run = [=] { return seqrec::ops::global_linear_attention_reference(q, k, v); };
     else
       run = [=] { return seqrec::ops::causal_linear_attention_reference(q, k, v, 64); };
+  } else if (op == "linrec:packed") {
+    auto qkv = leaf(torch::randn({B, len, 3 * dim}, opt));
+    run = [=] {
+      return seqrec::ops::linrec_attention_packed(qkv, heads, pad, seqrec::ops::LinrecNorm::kPaper,
+                                                  seqrec::ops::LinrecForm::kGlobal);
+    };
   } else if (op == "lightsans") {
     // The item-to-interest branch (LightSANs-ape's whole attention): aggregate keys and values,
     // attend each slot's query over its interests (the fused op the model runs).

@@ -71,9 +71,9 @@ struct Args {
   int64_t Lq;  // the queries (L, or 1 for the last slot alone): the global form lets each see every key
 };
 
-// Scratch per thread, the larger of the two passes' needs: forward 6 rows of D; backward Sᵀ, G
-// and Gᵀ, and 19 rows of D.
-inline int64_t scratch_elements(int64_t D, int64_t E) { return 3 * D * E + 19 * D; }
+// Scratch per thread for one sequence's H heads, the larger of the two passes' needs: forward
+// 1 + H·(1 + kGroup) rows of D; backward Sᵀ, G and Gᵀ, and 3 + 4·kGroup rows of D, per head.
+inline int64_t scratch_elements(int64_t H, int64_t D, int64_t E) { return H * (3 * D * E + 19 * D) + D; }
 
 template <typename T>
 __attribute__((always_inline)) inline T inv_clamped_norm(T r) {
@@ -99,13 +99,18 @@ __attribute__((always_inline)) inline void elu_row(const T* __restrict__ x, T* _
   }
 }
 
-// A (b, h) sequence's rows sit one whole projection row apart (3·D·4 bytes in the packed
-// layout), too far apart for the hardware prefetchers, and the passes stalled on loading them:
-// each loop asks for the row kAhead slots ahead of slot t.
-constexpr int64_t kAhead = 8;
+// The row of every head kAhead slots ahead of slot t, asked for before slot t is worked on: a
+// sequence's rows sit a whole projection row apart, and the passes stalled on loading them.
+constexpr int64_t kAhead = 4;
 template <typename T>
-__attribute__((always_inline)) inline void prefetch_ahead(const T* rows, int64_t t, int64_t n, int64_t stride) {
-  if (t + kAhead < n) __builtin_prefetch(rows + (t + kAhead) * stride, 0, 3);
+__attribute__((always_inline)) inline void prefetch_heads(View<const T> x, int64_t b, int64_t H, int64_t W,
+                                                          int64_t t, int64_t n) {
+  if (t + kAhead >= n) return;
+  constexpr int64_t kLine = 64 / sizeof(T);
+  for (int64_t h = 0; h < H; ++h) {
+    const T* row = x.seq(b, h) + (t + kAhead) * x.st;
+    for (int64_t i = 0; i < W; i += kLine) __builtin_prefetch(row + i, 0, 3);
+  }
 }
 
 // Rows are taken in groups of four (kGroup): a product with S, Sᵀ, G or Gᵀ then reads each of
@@ -127,65 +132,72 @@ __attribute__((always_inline)) inline void forward_keys(const T* const* ke, cons
   for (int r = 0; r < cnt; ++r) add_outer<T, kE>(S, ke[r], vt[r], D, E);
 }
 
-// Forward of sequence (b, h): S [D x E] and c [D] are what the backward reuses.
+// Forward of sequence b, all H heads together: each pass walks the slots once and, at each slot,
+// every head, so that a packed projection's rows are read in order (a head's rows alone sit a
+// whole row apart, a stride the hardware prefetchers do not follow). S [H x D x E] and c [H x D]
+// are what the backward reuses; each head's S stays in L1 (1 KiB at width 16).
 template <typename T, int kD, int kE>
-__attribute__((always_inline)) inline void forward_seq(const Args<T>& a, int64_t b, int64_t h, View<T> out, T* S,
-                                                       T* c, T* scratch) {
-  const int64_t D = kD > 0 ? kD : a.D, E = kE > 0 ? kE : a.E, L = a.L;
-  const T* __restrict__ q = a.q.seq(b, h);
-  const T* __restrict__ k = a.k.seq(b, h);
-  const T* __restrict__ v = a.v.seq(b, h);
+__attribute__((always_inline)) inline void forward_seq(const Args<T>& a, int64_t b, View<T> out, T* S, T* c,
+                                                       T* scratch, const T** ptrs, T** outs) {
+  const int64_t D = kD > 0 ? kD : a.D, E = kE > 0 ? kE : a.E, L = a.L, H = a.H;
   const bool* pad = a.pad + b * L;
-  T* __restrict__ o = out.seq(b, h);
-  T* __restrict__ s = scratch;
-  T* __restrict__ rows = scratch + D;  // kGroup rows after ELU (keys), then kGroup rows of w (queries)
-  std::fill(S, S + D * E, T(0));
-  std::fill(c, c + D, T(0));
+  T* __restrict__ s = scratch;         // [H x D]
+  T* __restrict__ e = s + H * D;       // one query row after ELU
+  T* __restrict__ rows = e + D;        // [H x kGroup x D]: keys after ELU, then the queries' w
+  const T** ke = ptrs;                 // [H x kGroup]
+  const T** vt = ptrs + H * kGroup;    // [H x kGroup]
+  std::fill(S, S + H * D * E, T(0));
+  std::fill(c, c + H * D, T(0));
   int64_t n = 0;
-  const T* ke[kGroup];
-  const T* vt[kGroup];
   int g = 0;
   for (int64_t t = 0; t < L; ++t) {
-    prefetch_ahead(k, t, L, a.k.st);
-    prefetch_ahead(v, t, L, a.v.st);
+    prefetch_heads(a.k, b, H, D, t, L);
+    prefetch_heads(a.v, b, H, E, t, L);
     if (pad[t]) continue;
     ++n;
-    T* e = rows + g * D;
-    elu_row(k + t * a.k.st, e, D);
-    ke[g] = e;
-    vt[g] = v + t * a.v.st;
+    for (int64_t h = 0; h < H; ++h) {
+      T* eh = rows + (h * kGroup + g) * D;
+      elu_row(a.k.seq(b, h) + t * a.k.st, eh, D);
+      ke[h * kGroup + g] = eh;
+      vt[h * kGroup + g] = a.v.seq(b, h) + t * a.v.st;
+    }
     if (++g == kGroup) {
-      forward_keys<T, kE>(ke, vt, g, D, E, S, c);
+      for (int64_t h = 0; h < H; ++h)
+        forward_keys<T, kE>(ke + h * kGroup, vt + h * kGroup, g, D, E, S + h * D * E, c + h * D);
       g = 0;
     }
   }
-  forward_keys<T, kE>(ke, vt, g, D, E, S, c);
+  for (int64_t h = 0; h < H; ++h)
+    forward_keys<T, kE>(ke + h * kGroup, vt + h * kGroup, g, D, E, S + h * D * E, c + h * D);
 
   const T nn = static_cast<T>(std::max<int64_t>(n, 1)), inv_sqrt_d = T(1) / std::sqrt(static_cast<T>(D));
-  column_scales(c, nn, D, s);
-  T* __restrict__ e = rows;  // one row after ELU
-  const T* ws[kGroup];
-  T* os[kGroup];
+  for (int64_t h = 0; h < H; ++h) column_scales(c + h * D, nn, D, s + h * D);
+  const T** ws = ptrs;  // [H x kGroup], the keys' pointers no longer needed
   g = 0;
   for (int64_t t = 0; t < a.Lq; ++t) {
-    prefetch_ahead(q, t, a.Lq, a.q.st);
-    elu_row(q + t * a.q.st, e, D);
-    const T* __restrict__ qt = e;
-    T r2 = 0;
+    prefetch_heads(a.q, b, H, D, t, a.Lq);
+    for (int64_t h = 0; h < H; ++h) {
+      elu_row(a.q.seq(b, h) + t * a.q.st, e, D);
+      const T* __restrict__ qt = e;
+      const T* __restrict__ sh = s + h * D;
+      T r2 = 0;
 #pragma omp simd reduction(+ : r2)
-    for (int64_t i = 0; i < D; ++i) r2 += qt[i] * qt[i];
-    const T scale = inv_clamped_norm(std::sqrt(r2)) * inv_sqrt_d;
-    T* __restrict__ w = rows + (1 + g) * D;
+      for (int64_t i = 0; i < D; ++i) r2 += qt[i] * qt[i];
+      const T scale = inv_clamped_norm(std::sqrt(r2)) * inv_sqrt_d;
+      T* __restrict__ w = rows + (h * kGroup + g) * D;
 #pragma omp simd
-    for (int64_t i = 0; i < D; ++i) w[i] = qt[i] * scale * s[i];
-    ws[g] = w;
-    os[g] = o + t * out.st;
+      for (int64_t i = 0; i < D; ++i) w[i] = qt[i] * scale * sh[i];
+      ws[h * kGroup + g] = w;
+      outs[h * kGroup + g] = out.seq(b, h) + t * out.st;
+    }
     if (++g == kGroup) {
-      weighted_rows4<T, kE>(ws, S, D, E, os);
+      for (int64_t h = 0; h < H; ++h) weighted_rows4<T, kE>(ws + h * kGroup, S + h * D * E, D, E, outs + h * kGroup);
       g = 0;
     }
   }
-  for (int r = 0; r < g; ++r) weighted_rows<T, kE>(ws[r], S, D, E, os[r]);
+  for (int64_t h = 0; h < H; ++h)
+    for (int r = 0; r < g; ++r)
+      weighted_rows<T, kE>(ws[h * kGroup + r], S + h * D * E, D, E, outs[h * kGroup + r]);
 }
 
 template <typename T>
@@ -272,122 +284,150 @@ __attribute__((always_inline)) inline void backward_keys(const T* const* kraw, c
     for (int r = 0; r < cnt; ++r) weighted_rows<T, kE>(ke[r], G, D, E, gv[r]);
 }
 
+// Backward of sequence b, all heads together (as forward_seq walks them).
 template <typename T, int kD, int kE>
-__attribute__((always_inline)) inline void backward_seq(const Args<T>& a, int64_t b, int64_t h, View<const T> g,
+__attribute__((always_inline)) inline void backward_seq(const Args<T>& a, int64_t b, View<const T> g,
                                                         const T* __restrict__ S, const T* __restrict__ c, View<T> gq,
-                                                        View<T> gk, View<T> gv, T* scratch) {
-  const int64_t D = kD > 0 ? kD : a.D, E = kE > 0 ? kE : a.E, L = a.L;
-  const T* __restrict__ q = a.q.seq(b, h);
-  const T* __restrict__ k = a.k.seq(b, h);
-  const T* __restrict__ v = a.v.seq(b, h);
-  const T* __restrict__ go = g.seq(b, h);
+                                                        View<T> gk, View<T> gv, T* scratch, const T** cptrs,
+                                                        T** mptrs, QueryRow<T>* qrows) {
+  const int64_t D = kD > 0 ? kD : a.D, E = kE > 0 ? kE : a.E, L = a.L, H = a.H, DE = D * E;
   const bool* pad = a.pad + b * L;
-  T* __restrict__ ST = scratch;            // [E x D]
-  T* __restrict__ G = ST + D * E;          // [D x E]
-  T* __restrict__ GT = G + D * E;          // [E x D]
-  T* __restrict__ s = GT + D * E;          // [D]
-  T* __restrict__ ds = s + D;              // [D]
-  T* __restrict__ dc = ds + D;             // [D]
-  T* __restrict__ rows = dc + D;           // kGroup x (e, u, w, gw), each [D]
+  T* __restrict__ ST = scratch;            // [H x E x D]
+  T* __restrict__ G = ST + H * DE;         // [H x D x E]
+  T* __restrict__ GT = G + H * DE;         // [H x E x D]
+  T* __restrict__ s = GT + H * DE;         // [H x D]
+  T* __restrict__ ds = s + H * D;          // [H x D]
+  T* __restrict__ dc = ds + H * D;         // [H x D]
+  T* __restrict__ rows = dc + H * D;       // [H x kGroup] x (e, u, w, gw), each [D]
   int64_t n = 0;
   for (int64_t t = 0; t < L; ++t) n += pad[t] ? 0 : 1;
   const T nn = static_cast<T>(std::max<int64_t>(n, 1)), inv_sqrt_d = T(1) / std::sqrt(static_cast<T>(D));
-  column_scales(c, nn, D, s);
-  transpose(S, ST, D, E);
-  std::fill(G, G + D * E, T(0));
-  std::fill(ds, ds + D, T(0));
+  for (int64_t h = 0; h < H; ++h) {
+    column_scales(c + h * D, nn, D, s + h * D);
+    transpose(S + h * DE, ST + h * DE, D, E);
+  }
+  std::fill(G, G + H * DE, T(0));
+  std::fill(ds, ds + H * D, T(0));
 
   // Queries: gw = S gout[t]; G and ds accumulate; gqe through the row norm.
-  T* __restrict__ gqs = gq.seq(b, h);
-  QueryRow<T> qrows[kGroup];
   int cnt = 0;
   for (int64_t t = 0; t < a.Lq; ++t) {
-    prefetch_ahead(q, t, a.Lq, a.q.st);
-    prefetch_ahead(go, t, a.Lq, g.st);
-    T* e = rows + (4 * cnt) * D;
-    T* u = e + D;
-    T* w = u + D;
-    QueryRow<T>& x = qrows[cnt];
-    x.raw = q + t * a.q.st;
-    elu_row(x.raw, e, D);
-    T r2 = 0;
+    prefetch_heads(a.q, b, H, D, t, a.Lq);
+    prefetch_heads(g, b, H, E, t, a.Lq);
+    for (int64_t h = 0; h < H; ++h) {
+      const T* __restrict__ sh = s + h * D;
+      T* e = rows + 4 * (h * kGroup + cnt) * D;
+      T* u = e + D;
+      T* w = u + D;
+      QueryRow<T>& x = qrows[h * kGroup + cnt];
+      x.raw = a.q.seq(b, h) + t * a.q.st;
+      elu_row(x.raw, e, D);
+      T r2 = 0;
 #pragma omp simd reduction(+ : r2)
-    for (int64_t i = 0; i < D; ++i) r2 += e[i] * e[i];
-    x.r = std::sqrt(r2);
-    x.inv_r = inv_clamped_norm(x.r);
-    x.scale = x.inv_r * inv_sqrt_d;
-    const T scale = x.scale;
+      for (int64_t i = 0; i < D; ++i) r2 += e[i] * e[i];
+      x.r = std::sqrt(r2);
+      x.inv_r = inv_clamped_norm(x.r);
+      x.scale = x.inv_r * inv_sqrt_d;
+      const T scale = x.scale;
 #pragma omp simd
-    for (int64_t i = 0; i < D; ++i) {
-      u[i] = e[i] * scale;
-      w[i] = u[i] * s[i];
+      for (int64_t i = 0; i < D; ++i) {
+        u[i] = e[i] * scale;
+        w[i] = u[i] * sh[i];
+      }
+      x.e = e;
+      x.u = u;
+      x.w = w;
+      x.gw = w + D;
+      x.g = g.seq(b, h) + t * g.st;
+      x.gq = gq.seq(b, h) + t * gq.st;
     }
-    x.e = e;
-    x.u = u;
-    x.w = w;
-    x.gw = w + D;
-    x.g = go + t * g.st;
-    x.gq = gqs + t * gq.st;
     if (++cnt == kGroup) {
-      backward_queries<T, kD, kE>(qrows, cnt, D, E, ST, s, G, ds);
+      for (int64_t h = 0; h < H; ++h)
+        backward_queries<T, kD, kE>(qrows + h * kGroup, cnt, D, E, ST + h * DE, s + h * D, G + h * DE, ds + h * D);
       cnt = 0;
     }
   }
-  backward_queries<T, kD, kE>(qrows, cnt, D, E, ST, s, G, ds);
-
-  for (int64_t i = 0; i < D; ++i) dc[i] = c[i] >= T(kEps) ? T(-0.5) * ds[i] * s[i] * s[i] * s[i] * nn : T(0);
-  transpose(G, GT, D, E);
+  for (int64_t h = 0; h < H; ++h) {
+    backward_queries<T, kD, kE>(qrows + h * kGroup, cnt, D, E, ST + h * DE, s + h * D, G + h * DE, ds + h * D);
+    const T *__restrict__ ch = c + h * D, *__restrict__ sh = s + h * D, *__restrict__ dsh = ds + h * D;
+    T* __restrict__ dch = dc + h * D;
+    for (int64_t i = 0; i < D; ++i)
+      dch[i] = ch[i] >= T(kEps) ? T(-0.5) * dsh[i] * sh[i] * sh[i] * sh[i] * nn : T(0);
+    transpose(G + h * DE, GT + h * DE, D, E);
+  }
 
   // Keys and values, real slots only.
-  T* __restrict__ gks = gk.seq(b, h);
-  T* __restrict__ gvs = gv.seq(b, h);
-  const T* kraw[kGroup];
-  const T* ke[kGroup];
-  const T* vt[kGroup];
-  T* gkt[kGroup];
-  T* gvt[kGroup];
-  T* gw[kGroup];
+  const int64_t HG = H * kGroup;
+  const T** kraw = cptrs;
+  const T** ke = cptrs + HG;
+  const T** vt = cptrs + 2 * HG;
+  T** gkt = mptrs;
+  T** gvt = mptrs + HG;
+  T** gw = mptrs + 2 * HG;
   cnt = 0;
   for (int64_t t = 0; t < L; ++t) {
-    prefetch_ahead(k, t, L, a.k.st);
-    prefetch_ahead(v, t, L, a.v.st);
+    prefetch_heads(a.k, b, H, D, t, L);
+    prefetch_heads(a.v, b, H, E, t, L);
     if (pad[t]) {
-      std::fill(gks + t * gk.st, gks + t * gk.st + D, T(0));
-      std::fill(gvs + t * gv.st, gvs + t * gv.st + E, T(0));
+      for (int64_t h = 0; h < H; ++h) {
+        T* gkr = gk.seq(b, h) + t * gk.st;
+        T* gvr = gv.seq(b, h) + t * gv.st;
+        std::fill(gkr, gkr + D, T(0));
+        std::fill(gvr, gvr + E, T(0));
+      }
       continue;
     }
-    T* e = rows + (2 * cnt) * D;
-    kraw[cnt] = k + t * a.k.st;
-    elu_row(kraw[cnt], e, D);
-    ke[cnt] = e;
-    gw[cnt] = e + D;  // the keys' gradient after ELU, less the norm's term
-    vt[cnt] = v + t * a.v.st;
-    gkt[cnt] = gks + t * gk.st;
-    gvt[cnt] = gvs + t * gv.st;
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t j = h * kGroup + cnt;
+      T* e = rows + 2 * j * D;
+      kraw[j] = a.k.seq(b, h) + t * a.k.st;
+      elu_row(kraw[j], e, D);
+      ke[j] = e;
+      gw[j] = e + D;  // the keys' gradient after ELU, less the norm's term
+      vt[j] = a.v.seq(b, h) + t * a.v.st;
+      gkt[j] = gk.seq(b, h) + t * gk.st;
+      gvt[j] = gv.seq(b, h) + t * gv.st;
+    }
     if (++cnt == kGroup) {
-      backward_keys<T, kD, kE>(kraw, ke, vt, gkt, gvt, gw, cnt, D, E, G, GT, dc);
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t j = h * kGroup;
+        backward_keys<T, kD, kE>(kraw + j, ke + j, vt + j, gkt + j, gvt + j, gw + j, cnt, D, E, G + h * DE,
+                                 GT + h * DE, dc + h * D);
+      }
       cnt = 0;
     }
   }
-  backward_keys<T, kD, kE>(kraw, ke, vt, gkt, gvt, gw, cnt, D, E, G, GT, dc);
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t j = h * kGroup;
+    backward_keys<T, kD, kE>(kraw + j, ke + j, vt + j, gkt + j, gvt + j, gw + j, cnt, D, E, G + h * DE, GT + h * DE,
+                             dc + h * D);
+  }
 }
 
-// Sequences [begin, end) of B·H, for one width specialisation; compiled once for the baseline,
-// once for AVX2 + FMA and, at width 16 (a row is one 512-bit register), once for AVX-512.
+// Sequences [begin, end) of B, each with all its heads, for one width specialisation; compiled
+// once for the baseline, once for AVX2 + FMA and, at width 16 (a row is one 512-bit register),
+// once for AVX-512.
 template <typename T, int kD, int kE>
 __attribute__((always_inline)) inline void forward_range_any(const Args<T>& a, View<T> out, T* S, T* c, int64_t begin,
                                                              int64_t end) {
-  std::vector<T> scratch(scratch_elements(a.D, a.E));
-  for (int64_t x = begin; x < end; ++x)
-    forward_seq<T, kD, kE>(a, x / a.H, x % a.H, out, S + x * a.D * a.E, c + x * a.D, scratch.data());
+  std::vector<T> scratch(scratch_elements(a.H, a.D, a.E));
+  std::vector<const T*> ptrs(2 * a.H * kGroup);
+  std::vector<T*> outs(a.H * kGroup);
+  for (int64_t b = begin; b < end; ++b)
+    forward_seq<T, kD, kE>(a, b, out, S + b * a.H * a.D * a.E, c + b * a.H * a.D, scratch.data(), ptrs.data(),
+                           outs.data());
 }
 template <typename T, int kD, int kE>
 __attribute__((always_inline)) inline void backward_range_any(const Args<T>& a, View<const T> g, const T* S,
                                                               const T* c, View<T> gq, View<T> gk, View<T> gv,
                                                               int64_t begin, int64_t end) {
-  std::vector<T> scratch(scratch_elements(a.D, a.E));
-  for (int64_t x = begin; x < end; ++x)
-    backward_seq<T, kD, kE>(a, x / a.H, x % a.H, g, S + x * a.D * a.E, c + x * a.D, gq, gk, gv, scratch.data());
+  std::vector<T> scratch(scratch_elements(a.H, a.D, a.E));
+  std::vector<const T*> cptrs(3 * a.H * kGroup);
+  std::vector<T*> mptrs(3 * a.H * kGroup);
+  std::vector<QueryRow<T>> qrows(a.H * kGroup);
+  for (int64_t b = begin; b < end; ++b)
+    backward_seq<T, kD, kE>(a, b, g, S + b * a.H * a.D * a.E, c + b * a.H * a.D, gq, gk, gv, scratch.data(),
+                            cptrs.data(), mptrs.data(), qrows.data());
 }
 
 template <typename T, int kD, int kE>
@@ -463,7 +503,7 @@ void launch_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
     T *Sp = S.data_ptr<T>(), *cp = c.data_ptr<T>();
     with_width(D, E, [&](auto width) {
       constexpr int W = decltype(width)::value;
-      at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+      at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
 #if SEQREC_CPU_X86
         if constexpr (W == 16)
           if (cpu_has_avx512()) return forward_range_avx512<T, W, W>(a, o, Sp, cp, begin, end);
@@ -488,7 +528,7 @@ void launch_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     const T *Sp = S.data_ptr<T>(), *cp = c.data_ptr<T>();
     with_width(D, E, [&](auto width) {
       constexpr int W = decltype(width)::value;
-      at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+      at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
 #if SEQREC_CPU_X86
         if constexpr (W == 16)
           if (cpu_has_avx512()) return backward_range_avx512<T, W, W>(a, gout, Sp, cp, gqv, gkv, gvv, begin, end);
