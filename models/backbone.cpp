@@ -21,7 +21,8 @@ class FeedForwardImpl : public torch::nn::Module {
   }
   at::Tensor forward(const at::Tensor& x) {
     auto a = fc1_(x);
-    auto h = ops::dropout(gelu_ ? torch::gelu(a) : torch::relu(a), dropout_, is_training());
+    auto h = ops::activation_dropout(a, gelu_ ? ops::Activation::kGelu : ops::Activation::kRelu, dropout_,
+                                     is_training());
     return ops::dropout(fc2_(h), dropout_, is_training());
   }
 

@@ -17,6 +17,20 @@ at::Tensor dropout(const at::Tensor& x, double p, bool training);
 // x * dropout_mask(x, p, seed): what the fused op computes, through a mask tensor.
 at::Tensor dropout_reference(const at::Tensor& x, double p, uint64_t seed);
 
+// A feed-forward layer's activation. GELU is the exact (erf) form.
+enum class Activation { kRelu, kGelu };
+
+// dropout(act(a), p, training), with the same random_seed() draws (one per call in training
+// with p > 0). On the CPU (float, double, unless --fused_kernels=false) one pass forward and one
+// backward, neither making act(a) nor a mask: ReLU's values and gradients equal the reference's
+// bit for bit; GELU's float Φ uses Abramowitz and Stegun's 7.1.26 for erf (absolute error
+// 1.5e-7, the form ATen's vectorised GELU uses) and its double Φ std::erfc, so they match
+// torch::gelu to float (double) rounding, with dropout_mask's keep bits.
+at::Tensor activation_dropout(const at::Tensor& a, Activation act, double p, bool training);
+
+// The ATen composition: dropout(torch::gelu(a) or torch::relu(a), p, training).
+at::Tensor activation_dropout_reference(const at::Tensor& a, Activation act, double p, bool training);
+
 // SplitMix64's finaliser: the counter-based hash behind dropout masks, MoE gating noise and
 // keyed priorities (a bijection on 64 bits with good avalanche).
 inline uint64_t mix64(uint64_t z) {

@@ -6,13 +6,18 @@
 // that vectorises (AVX-512 multiplies 64-bit lanes; AVX2 composes them), then the block is
 // scaled in a second. The reference drew the mask (one scalar hash per 4 elements, a float
 // tensor as large as x), multiplied it in, and saved it for the backward's second multiply.
+// activation_dropout applies a feed-forward layer's ReLU or GELU in the same pass.
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include <ATen/Dispatch.h>
+
+#include <cmath>
 #include <cstring>
 
 #include "ops/cpu_features.h"
 #include "ops/dropout/dropout.h"
+#include "ops/exp_nonpositive.h"
 #include "ops/kernels.h"
 
 namespace seqrec::ops {
@@ -124,7 +129,168 @@ class DropoutFused : public torch::autograd::Function<DropoutFused> {
   }
 };
 
+// Activation and dropout in one pass (activation_dropout). Φ(x), the normal CDF, and φ(x), its
+// density, share one exp: with z = |x| / √2, φ(x) = exp(-z²) / √(2π) and, in float,
+// Φ(-|x|) = ½ erfc(z) = ½ t (a1 + t (a2 + t (a3 + t (a4 + t a5)))) exp(-z²), t = 1 / (1 + p z)
+// (Abramowitz and Stegun 7.1.26), computed without branches so that the loop vectorises.
+__attribute__((always_inline)) inline void normal_cdf_pdf(float x, float& cdf, float& pdf) {
+  const float z = std::fabs(x) * 0.70710678118654752f;
+  const float t = 1.0f / (1.0f + 0.3275911f * z);
+  const float e = exp_nonpositive(-z * z);
+  const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+  const float tail = 0.5f * poly * e;
+  cdf = x >= 0.0f ? 1.0f - tail : tail;
+  pdf = e * 0.39894228040143268f;
+}
+__attribute__((always_inline)) inline void normal_cdf_pdf(double x, double& cdf, double& pdf) {
+  cdf = 0.5 * std::erfc(-x * 0.70710678118654752);
+  pdf = std::exp(-0.5 * x * x) * 0.39894228040143268;
+}
+
+// Forward y = act(a) * keep-scale over [begin, end) (begin a multiple of 4); k == nullptr keeps
+// every element with scale 1.
+template <typename T, Activation kAct>
+__attribute__((always_inline)) inline void act_forward_any(const Keep* k, T scale, const T* __restrict__ a,
+                                                           T* __restrict__ y, int64_t begin, int64_t end) {
+  alignas(64) uint16_t h[kBlock];
+  if (!k) std::memset(h, 0, sizeof h);
+  const uint32_t th = k ? k->threshold : 0;
+  for (int64_t b = begin; b < end; b += kBlock) {
+    const int64_t n = std::min(kBlock, end - b);
+    if (k) lanes(*k, b / 4, (n + 3) / 4, h);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      const T x = a[b + i];
+      T act;
+      if constexpr (kAct == Activation::kRelu) {
+        act = x > T(0) ? x : T(0);
+      } else {
+        T cdf, pdf;
+        normal_cdf_pdf(x, cdf, pdf);
+        act = x * cdf;
+      }
+      y[b + i] = act * (static_cast<uint32_t>(h[i]) >= th ? scale : T(0));
+    }
+  }
+}
+
+// Backward: GELU's ga = g * keep-scale * (Φ(a) + a φ(a)) from the input; ReLU's from the output y
+// alone (y > 0 exactly where the element was kept and a > 0), so it draws no hashes.
+template <typename T, Activation kAct>
+__attribute__((always_inline)) inline void act_backward_any(const Keep* k, T scale, const T* __restrict__ saved,
+                                                            const T* __restrict__ g, T* __restrict__ ga,
+                                                            int64_t begin, int64_t end) {
+  if constexpr (kAct == Activation::kRelu) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) ga[i] = saved[i] > T(0) ? g[i] * scale : T(0);
+  } else {
+    alignas(64) uint16_t h[kBlock];
+    if (!k) std::memset(h, 0, sizeof h);
+    const uint32_t th = k ? k->threshold : 0;
+    for (int64_t b = begin; b < end; b += kBlock) {
+      const int64_t n = std::min(kBlock, end - b);
+      if (k) lanes(*k, b / 4, (n + 3) / 4, h);
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) {
+        const T x = saved[b + i];
+        T cdf, pdf;
+        normal_cdf_pdf(x, cdf, pdf);
+        ga[b + i] = (g[b + i] * (static_cast<uint32_t>(h[i]) >= th ? scale : T(0))) * (cdf + x * pdf);
+      }
+    }
+  }
+}
+
+template <typename T, Activation kAct, bool kBackward>
+__attribute__((always_inline)) inline void act_range_any(const Keep* k, T scale, const T* x, const T* g, T* y,
+                                                         int64_t begin, int64_t end) {
+  if constexpr (kBackward) act_backward_any<T, kAct>(k, scale, x, g, y, begin, end);
+  else act_forward_any<T, kAct>(k, scale, x, y, begin, end);
+}
+template <typename T, Activation kAct, bool kBackward>
+void act_range(const Keep* k, T scale, const T* x, const T* g, T* y, int64_t begin, int64_t end) {
+  act_range_any<T, kAct, kBackward>(k, scale, x, g, y, begin, end);
+}
+#if SEQREC_CPU_X86
+template <typename T, Activation kAct, bool kBackward>
+SEQREC_CPU_AVX2 void act_range_avx2(const Keep* k, T scale, const T* x, const T* g, T* y, int64_t begin, int64_t end) {
+  act_range_any<T, kAct, kBackward>(k, scale, x, g, y, begin, end);
+}
+template <typename T, Activation kAct, bool kBackward>
+SEQREC_CPU_AVX512 void act_range_avx512(const Keep* k, T scale, const T* x, const T* g, T* y, int64_t begin,
+                                        int64_t end) {
+  act_range_any<T, kAct, kBackward>(k, scale, x, g, y, begin, end);
+}
+#endif
+
+// One direction over all of x (contiguous): forward y = act(x) * keep-scale (g unused); backward
+// y = the gradient given g and the saved tensor x (GELU: the input; ReLU: the output).
+template <typename T, Activation kAct, bool kBackward>
+void act_dropout_pass(bool drop, double p, uint64_t seed, const T* x, const T* g, T* y, int64_t n) {
+  const Keep keep = keep_of(drop ? p : 0.0, seed);
+  const Keep* k = drop ? &keep : nullptr;
+  const T scale = drop ? static_cast<T>(static_cast<float>(1.0 / (1.0 - p))) : T(1);
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
+    const int64_t begin = b0 * kBlock, end = std::min(n, b1 * kBlock);
+#if SEQREC_CPU_X86
+    if (cpu_has_avx512()) return act_range_avx512<T, kAct, kBackward>(k, scale, x, g, y, begin, end);
+    if (cpu_has_avx2_fma()) return act_range_avx2<T, kAct, kBackward>(k, scale, x, g, y, begin, end);
+#endif
+    act_range<T, kAct, kBackward>(k, scale, x, g, y, begin, end);
+  });
+}
+
+template <bool kBackward>
+at::Tensor act_dropout_apply(Activation act, bool drop, double p, uint64_t seed, const at::Tensor& x_in,
+                             const at::Tensor& g_in) {
+  auto x = x_in.contiguous();
+  auto g = kBackward ? g_in.contiguous() : at::Tensor();
+  auto y = torch::empty(x.sizes(), x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "activation_dropout", [&] {
+    using T = scalar_t;
+    const T* gp = kBackward ? g.data_ptr<T>() : nullptr;
+    if (act == Activation::kGelu)
+      act_dropout_pass<T, Activation::kGelu, kBackward>(drop, p, seed, x.data_ptr<T>(), gp, y.data_ptr<T>(), x.numel());
+    else
+      act_dropout_pass<T, Activation::kRelu, kBackward>(drop, p, seed, x.data_ptr<T>(), gp, y.data_ptr<T>(), x.numel());
+  });
+  return y;
+}
+
+class ActivationDropoutFused : public torch::autograd::Function<ActivationDropoutFused> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& a, int64_t act, bool drop, double p,
+                               int64_t seed) {
+    const auto activation = static_cast<Activation>(act);
+    auto y = act_dropout_apply<false>(activation, drop, p, static_cast<uint64_t>(seed), a, at::Tensor());
+    ctx->saved_data["act"] = act;
+    ctx->saved_data["drop"] = drop;
+    ctx->saved_data["p"] = p;
+    ctx->saved_data["seed"] = seed;
+    ctx->save_for_backward({activation == Activation::kGelu ? a : y});
+    return {y};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto act = static_cast<Activation>(ctx->saved_data["act"].toInt());
+    const bool drop = ctx->saved_data["drop"].toBool();
+    const double p = ctx->saved_data["p"].toDouble();
+    const auto seed = static_cast<uint64_t>(ctx->saved_data["seed"].toInt());
+    auto ga = act_dropout_apply<true>(act, drop, p, seed, ctx->get_saved_variables()[0], grads[0]);
+    return {ga, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor activation_dropout(const at::Tensor& a, Activation act, double p, bool training) {
+  TORCH_CHECK(p >= 0 && p < 1, "dropout probability must be in [0, 1), got ", p);
+  if (!a.device().is_cpu() || !fused_kernels() || (a.scalar_type() != at::kFloat && a.scalar_type() != at::kDouble))
+    return activation_dropout_reference(a, act, p, training);
+  const bool drop = training && p > 0;
+  const uint64_t seed = drop ? random_seed() : 0;  // the draw dropout() makes, no other
+  return ActivationDropoutFused::apply(a, static_cast<int64_t>(act), drop, p, static_cast<int64_t>(seed))[0];
+}
 
 at::Tensor dropout_mask(const at::Tensor& like, double p, uint64_t seed) {
   TORCH_CHECK(p >= 0 && p < 1, "dropout probability must be in [0, 1), got ", p);

@@ -13,4 +13,8 @@ uint64_t random_seed() {
 
 at::Tensor dropout_reference(const at::Tensor& x, double p, uint64_t seed) { return x * dropout_mask(x, p, seed); }
 
+at::Tensor activation_dropout_reference(const at::Tensor& a, Activation act, double p, bool training) {
+  return ops::dropout(act == Activation::kGelu ? torch::gelu(a) : torch::relu(a), p, training);
+}
+
 }  // namespace seqrec::ops

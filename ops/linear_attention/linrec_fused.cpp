@@ -1,6 +1,7 @@
 // LinRec's global form with the paper's normalisation, fused on the CPU: the whole of
-// linrec_attention(..., kPaper, kGlobal), ELU included, in two passes over each sequence (b, h)
-// forward and two backward, with a hand-written backward.
+// linrec_attention(..., kPaper, kGlobal), ELU included, in two passes over each sequence
+// forward and two backward, with a hand-written backward. Each pass walks the sequence's slots
+// once and, at each slot, all its heads (threads take whole sequences).
 //
 // Per sequence, qe = elu(q), ke = elu(k) at the n real slots (padded keys take no part):
 //     c[i] = sum_s ke[s, i]²                   s[i] = 1 / sqrt(max(c[i], eps) · max(n, 1))

@@ -1,7 +1,9 @@
 // Dropout: the keep mask is the documented counter hash (checked against a scalar loop written
 // from its definition), the fused CPU op equals x * mask bit for bit forward and backward (float
 // and double, contiguous or not, across blocks and threads), the drop rate is p and kept values
-// are scaled by 1 / (1 - p), and one seed draw per call makes it reproducible.
+// are scaled by 1 / (1 - p), and one seed draw per call makes it reproducible. The fused
+// activation + dropout (a feed-forward layer's ReLU or GELU) against dropout(act(a)): ReLU bit
+// for bit, GELU to its erf approximation's error, with the same keep bits and seed draws.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -123,6 +125,96 @@ TEST(Dropout, ReferenceUnderFusedKernelsOff) {
   EXPECT_EQ(y.grad_fn()->name().find("DropoutFused"), std::string::npos) << y.grad_fn()->name();
   torch::manual_seed(4);
   EXPECT_TRUE(torch::equal(y, dropout_reference(x, 0.25, random_seed())));
+}
+
+using seqrec::ops::Activation;
+using seqrec::ops::activation_dropout;
+using seqrec::ops::activation_dropout_reference;
+
+const char* name_of(Activation act) { return act == Activation::kGelu ? "gelu" : "relu"; }
+
+// The fused op and the composition from the same generator state, values and gradients, in
+// training (p 0.2), with p 0 and in evaluation; contiguous or not; 1 and 2 threads. ReLU equals
+// the composition bit for bit; GELU to its erf approximation (float) or to rounding (double),
+// dropping exactly the same elements.
+TEST(ActivationDropout, FusedEqualsTheComposition) {
+  const int prev = at::get_num_threads();
+  for (int threads : {1, 2})
+    for (auto act : {Activation::kRelu, Activation::kGelu})
+      for (auto dtype : {torch::kFloat32, torch::kFloat64})
+        for (bool transposed : {false, true})
+          for (auto [p, training] : {std::pair{0.2, true}, std::pair{0.0, true}, std::pair{0.2, false}}) {
+            at::set_num_threads(threads);
+            torch::manual_seed(3);
+            auto a = torch::randn({37, 3, 50}, dtype) * 2;  // 5,550 elements: five blocks and a tail
+            if (transposed) a = a.transpose(0, 2);
+            a.requires_grad_();
+            auto gout = torch::randn(a.sizes(), dtype);
+            const std::string where = std::string(name_of(act)) + " " + c10::toString(dtype) + " p " +
+                                      std::to_string(p) + (training ? " training" : " eval") +
+                                      (transposed ? " transposed" : "") + " threads " + std::to_string(threads);
+            torch::manual_seed(21);
+            const uint64_t seed = random_seed();  // the call's draw when it drops
+            torch::manual_seed(21);
+            auto fused = activation_dropout(a, act, p, training);
+            const uint64_t next_fused = random_seed();
+            ASSERT_TRUE(fused.grad_fn()) << where;
+            EXPECT_NE(fused.grad_fn()->name().find("ActivationDropoutFused"), std::string::npos) << where;
+            torch::manual_seed(21);
+            auto want = activation_dropout_reference(a, act, p, training);
+            EXPECT_EQ(next_fused, random_seed()) << where << ": not the composition's seed draws";
+            auto g_fused = torch::autograd::grad({fused}, {a}, {gout})[0];
+            auto g_want = torch::autograd::grad({want}, {a}, {gout})[0];
+            if (act == Activation::kRelu) {
+              EXPECT_TRUE(torch::equal(fused, want)) << where;
+              EXPECT_TRUE(torch::equal(g_fused, g_want)) << where;
+              continue;
+            }
+            // The keep bits: the activation alone times dropout_mask, bit for bit (GELU's
+            // smallest values are not 0 as the composition's are, so zeros do not tell).
+            auto alone = activation_dropout(a.detach(), act, 0.0, false);
+            auto mask = training && p > 0 ? dropout_mask(a, p, seed) : torch::ones_like(a);
+            EXPECT_TRUE(torch::equal(fused, alone * mask)) << where << ": not dropout_mask's keep bits";
+            const double tol = dtype == torch::kFloat32 ? 2e-6 : 1e-12;
+            EXPECT_LT((fused - want).abs().max().item<double>(), tol) << where;
+            EXPECT_LT((g_fused - g_want).abs().max().item<double>(), tol * 4) << where;
+          }
+  at::set_num_threads(prev);
+}
+
+// GELU's float Φ against the exact function in double over [-12, 12], and its derivative: the
+// erf approximation's absolute error (1.5e-7) times |x| / 2, plus rounding.
+TEST(ActivationDropout, GeluWithinItsErfApproximationOfTheExactFunction) {
+  auto x = torch::linspace(-12, 12, 240001, torch::kFloat32).requires_grad_();
+  auto y = activation_dropout(x, Activation::kGelu, 0.0, false);
+  auto gy = torch::autograd::grad({y}, {x}, {torch::ones_like(x)})[0];
+  auto xd = x.detach().to(torch::kFloat64);
+  auto cdf = 0.5 * torch::erfc(-xd / std::sqrt(2.0));
+  auto exact = xd * cdf;
+  auto exact_grad = cdf + xd * torch::exp(-0.5 * xd * xd) / std::sqrt(2 * M_PI);
+  const auto bound = 2e-7 * (1 + xd.abs());
+  EXPECT_TRUE(((y.detach().to(torch::kFloat64) - exact).abs() <= bound).all().item<bool>())
+      << "max error " << (y.detach().to(torch::kFloat64) - exact).abs().max().item<double>();
+  EXPECT_TRUE(((gy.to(torch::kFloat64) - exact_grad).abs() <= 2 * bound).all().item<bool>())
+      << "max gradient error " << (gy.to(torch::kFloat64) - exact_grad).abs().max().item<double>();
+}
+
+TEST(ActivationDropout, ReferenceUnderFusedKernelsOffAndBadRatesNamed) {
+  auto a = torch::randn({6, 7}).requires_grad_();
+  {
+    const seqrec::testing::ScopedFusedKernels off(false);
+    torch::manual_seed(4);
+    auto y = activation_dropout(a, Activation::kGelu, 0.25, true);
+    EXPECT_EQ(y.grad_fn()->name().find("ActivationDropoutFused"), std::string::npos) << y.grad_fn()->name();
+    torch::manual_seed(4);
+    EXPECT_TRUE(torch::equal(y, seqrec::ops::dropout(torch::gelu(a), 0.25, true)));
+  }
+  try {
+    activation_dropout(a, Activation::kRelu, 1.0, true);
+    ADD_FAILURE() << "no error for p 1";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dropout probability must be in [0, 1)"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
