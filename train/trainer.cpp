@@ -179,13 +179,16 @@ void seed_generator(uint64_t seed) {
   gen.set_current_seed(seed);
 }
 
-// Loss summed over the target positions of some rows (the caller normalises by the global
-// target count). With `last_only` (the last-slot objective: each row's one target is at its
+// The encoded target slots of some rows: hidden states [T, D] and their targets [T] (negatives
+// under --loss bce). With `last_only` (the last-slot objective: each row's one target is at its
 // last slot) only the last slot is encoded, so the last block skips its feed-forward, output
 // projection and every attention query but one at the other slots, which no loss reads.
-at::Tensor rows_loss_sum(models::SequenceModel& model, const at::Tensor& table, const at::Tensor& input,
-                         const models::UserInput& users, const at::Tensor& pos, const at::Tensor& neg,
-                         const std::string& kind, bool last_only, int64_t softmax_keep_bytes) {
+struct Targets {
+  at::Tensor h, pos, neg;
+};
+
+Targets encode_targets(models::SequenceModel& model, const at::Tensor& input, const models::UserInput& users,
+                       const at::Tensor& pos, const at::Tensor& neg, const std::string& kind, bool last_only) {
   at::Tensor h, slot_pos, slot_neg;  // [S, D], [S], [S]: the encoded slots and their targets
   if (last_only && input.size(1) > 0) {
     const int64_t last = input.size(1) - 1;
@@ -198,29 +201,36 @@ at::Tensor rows_loss_sum(models::SequenceModel& model, const at::Tensor& table, 
     slot_pos = pos.reshape({-1});
     slot_neg = neg.reshape({-1});
   }
-  SEQREC_PROFILE_SCOPE("seqrec::loss");
   // The target slots in row-major order, found once: each boolean-mask index would find them
   // again, and on a GPU every search is a wait for the device.
   auto at_targets = slot_pos.ne(0).nonzero().view({-1});
-  auto hp = h.index_select(0, at_targets);  // [T, D]
-  const auto pos_t = slot_pos.index_select(0, at_targets);
+  Targets t{h.index_select(0, at_targets), slot_pos.index_select(0, at_targets), {}};
+  if (kind == "bce") t.neg = slot_neg.index_select(0, at_targets);
+  return t;
+}
+
+// Loss summed over the targets (the caller normalises by the global target count).
+at::Tensor targets_loss_sum(const Targets& t, const at::Tensor& table, const std::string& kind,
+                            int64_t softmax_keep_bytes) {
+  SEQREC_PROFILE_SCOPE("seqrec::loss");
   if (kind == "bce") {
-    auto pos_logit = (hp * table.index_select(0, pos_t)).sum(-1);
-    auto neg_logit = (hp * table.index_select(0, slot_neg.index_select(0, at_targets))).sum(-1);
+    auto pos_logit = (t.h * table.index_select(0, t.pos)).sum(-1);
+    auto neg_logit = (t.h * table.index_select(0, t.neg)).sum(-1);
     // -log sigmoid(x) = softplus(-x); -log(1 - sigmoid(x)) = softplus(x)
     return torch::softplus(-pos_logit).sum() + torch::softplus(neg_logit).sum();
   }
   // Softmax over every item, a chunk of rows at a time (the padding item is never a class).
-  return ops::softmax_loss_sum(hp, table, pos_t, 2048, softmax_keep_bytes);
+  return ops::softmax_loss_sum(t.h, table, t.pos, 2048, softmax_keep_bytes);
 }
 
 // The batch's loss, computed in up to `groups` slices of rows sorted by length, each slice
 // only as wide as its longest row. Rows are independent and left-padded with positions
 // counted from the right, so dropping a slice's common padding changes nothing but the
-// work: on ML-1M at max_len 200 almost half of all slots are padding. Under --loss ce the
-// softmax probabilities of all the batch's targets are kept for the backward only if together
-// they fit in softmax_keep_bytes (every slice's stay alive until the backward); `targets` is
-// the batch's target count.
+// work: on ML-1M at max_len 200 almost half of all slots are padding. The slices' targets are
+// then scored together, in one loss over the batch: the item table takes one gradient from the
+// loss per step, not one per slice to be summed. Under --loss ce the softmax probabilities are
+// kept for the backward only if they fit in softmax_keep_bytes; `targets` is the batch's
+// target count.
 at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b, const models::UserInput& users,
                           const std::string& kind, int64_t groups, bool whole, bool last_only, double targets,
                           int64_t softmax_keep_bytes) {
@@ -233,25 +243,33 @@ at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b,
   if (whole) {
     // One forward over every row in batch order, even none: a mixture of experts' capacity and
     // token priority are defined on the batch as it is, and its collectives need every rank.
-    auto total = rows_loss_sum(model, table, b.input, users, b.pos, b.neg, kind, last_only, softmax_keep_bytes);
+    auto t = encode_targets(model, b.input, users, b.pos, b.neg, kind, last_only);
+    auto total = targets_loss_sum(t, table, kind, softmax_keep_bytes);
     auto aux = model.take_auxiliary_loss();
     return aux.defined() ? total + aux : total;
   }
   // Widths from the inputs: under the cloze objective only the masked slots are targets.
   const auto cut = ops::slice_by_length(b.input.ne(0).sum(1), groups);
-  at::Tensor total;
+  if (cut.slices.empty()) return at::Tensor();
+  std::vector<at::Tensor> hs, poss, negs;
   for (const auto& slice : cut.slices) {
     auto cols = [&](const at::Tensor& t) { return ops::take_slice(t, slice, 1); };
     models::UserInput u;
     if (users.ids.defined()) u.ids = users.ids.index_select(0, slice.rows);
     if (users.features.defined()) u.features = users.features.index_select(0, slice.rows);
-    auto part = rows_loss_sum(model, table, cols(b.input), u, cols(b.pos), cols(b.neg), kind, last_only,
-                              softmax_keep_bytes);
-    total = total.defined() ? total + part : part;
+    auto t = encode_targets(model, cols(b.input), u, cols(b.pos), cols(b.neg), kind, last_only);
+    hs.push_back(t.h);
+    poss.push_back(t.pos);
+    if (t.neg.defined()) negs.push_back(t.neg);
   }
+  Targets all;
+  all.h = hs.size() == 1 ? hs[0] : torch::cat(hs);
+  all.pos = poss.size() == 1 ? poss[0] : torch::cat(poss);
+  if (!negs.empty()) all.neg = negs.size() == 1 ? negs[0] : torch::cat(negs);
+  auto total = targets_loss_sum(all, table, kind, softmax_keep_bytes);
   // Model-side terms (LISA's inputs-optimize loss), summed over the same items.
   auto aux = model.take_auxiliary_loss();
-  if (aux.defined() && total.defined()) total = total + aux;
+  if (aux.defined()) total = total + aux;
   return total;
 }
 
