@@ -147,11 +147,19 @@ __attribute__((always_inline)) inline void normal_cdf_pdf(double x, double& cdf,
   pdf = std::exp(-0.5 * x * x) * 0.39894228040143268;
 }
 
-// Forward y = act(a) * keep-scale over [begin, end) (begin a multiple of 4); k == nullptr keeps
-// every element with scale 1.
-template <typename T, Activation kAct>
-__attribute__((always_inline)) inline void act_forward_any(const Keep* k, T scale, const T* __restrict__ a,
-                                                           T* __restrict__ y, int64_t begin, int64_t end) {
+// One direction over [begin, end) (begin a multiple of 4), m the element's keep-scale (k ==
+// nullptr keeps every element with scale 1). Forward: y = act(x) · m. Backward, given g: GELU's
+// y = g · m · (Φ(x) + x φ(x)) from the input x; ReLU's from the output alone (x = the forward's
+// y, positive exactly where the element was kept and the input was), so it draws no hashes.
+template <typename T, Activation kAct, bool kBackward>
+__attribute__((always_inline)) inline void act_range_any(const Keep* k, T scale, const T* __restrict__ x,
+                                                         const T* __restrict__ g, T* __restrict__ y, int64_t begin,
+                                                         int64_t end) {
+  if constexpr (kBackward && kAct == Activation::kRelu) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) y[i] = x[i] > T(0) ? g[i] * scale : T(0);
+    return;
+  }
   alignas(64) uint16_t h[kBlock];
   if (!k) std::memset(h, 0, sizeof h);
   const uint32_t th = k ? k->threshold : 0;
@@ -160,53 +168,20 @@ __attribute__((always_inline)) inline void act_forward_any(const Keep* k, T scal
     if (k) lanes(*k, b / 4, (n + 3) / 4, h);
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) {
-      const T x = a[b + i];
-      T act;
+      const T xi = x[b + i];
+      const T m = static_cast<uint32_t>(h[i]) >= th ? scale : T(0);
       if constexpr (kAct == Activation::kRelu) {
-        act = x > T(0) ? x : T(0);
+        y[b + i] = (xi > T(0) ? xi : T(0)) * m;
       } else {
         T cdf, pdf;
-        normal_cdf_pdf(x, cdf, pdf);
-        act = x * cdf;
-      }
-      y[b + i] = act * (static_cast<uint32_t>(h[i]) >= th ? scale : T(0));
-    }
-  }
-}
-
-// Backward: GELU's ga = g * keep-scale * (Φ(a) + a φ(a)) from the input; ReLU's from the output y
-// alone (y > 0 exactly where the element was kept and a > 0), so it draws no hashes.
-template <typename T, Activation kAct>
-__attribute__((always_inline)) inline void act_backward_any(const Keep* k, T scale, const T* __restrict__ saved,
-                                                            const T* __restrict__ g, T* __restrict__ ga,
-                                                            int64_t begin, int64_t end) {
-  if constexpr (kAct == Activation::kRelu) {
-#pragma omp simd
-    for (int64_t i = begin; i < end; ++i) ga[i] = saved[i] > T(0) ? g[i] * scale : T(0);
-  } else {
-    alignas(64) uint16_t h[kBlock];
-    if (!k) std::memset(h, 0, sizeof h);
-    const uint32_t th = k ? k->threshold : 0;
-    for (int64_t b = begin; b < end; b += kBlock) {
-      const int64_t n = std::min(kBlock, end - b);
-      if (k) lanes(*k, b / 4, (n + 3) / 4, h);
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) {
-        const T x = saved[b + i];
-        T cdf, pdf;
-        normal_cdf_pdf(x, cdf, pdf);
-        ga[b + i] = (g[b + i] * (static_cast<uint32_t>(h[i]) >= th ? scale : T(0))) * (cdf + x * pdf);
+        normal_cdf_pdf(xi, cdf, pdf);
+        if constexpr (kBackward) y[b + i] = (g[b + i] * m) * (cdf + xi * pdf);
+        else y[b + i] = (xi * cdf) * m;
       }
     }
   }
 }
 
-template <typename T, Activation kAct, bool kBackward>
-__attribute__((always_inline)) inline void act_range_any(const Keep* k, T scale, const T* x, const T* g, T* y,
-                                                         int64_t begin, int64_t end) {
-  if constexpr (kBackward) act_backward_any<T, kAct>(k, scale, x, g, y, begin, end);
-  else act_forward_any<T, kAct>(k, scale, x, y, begin, end);
-}
 template <typename T, Activation kAct, bool kBackward>
 void act_range(const Keep* k, T scale, const T* x, const T* g, T* y, int64_t begin, int64_t end) {
   act_range_any<T, kAct, kBackward>(k, scale, x, g, y, begin, end);
