@@ -50,19 +50,28 @@ for r in $(seq 1 "$rounds"); do
       sec=$(sed -E 's/.*train time\/epoch=([0-9.]+) s.*/\1/' <<< "$line")
       rss=$(sed -E 's/.*peak RSS\/rank=([0-9]+) MiB.*/\1/' <<< "$line")
       echo "round $r  $m  $name  $sec s/epoch  $rss MiB"
-      echo "$m $name $sec $rss" >> "$results"
+      echo "$m $name $sec $rss $r" >> "$results"
     done
   done
 done
 
 echo "== means (s per extrapolated epoch, peak RSS), ratio to the first model under the same binary"
+echo "   (then each round's time ratio, lowest to highest: this VM drifts between rounds)"
 first=${models%% *}
 awk -v first="$first" '
-  { key = $1 " " $2; if (!(key in n)) name[++k] = key; n[key]++; t[key] += $3; if ($4 > m[key]) m[key] = $4 }
+  { key = $1 " " $2; if (!(key in n)) name[++k] = key; n[key]++; t[key] += $3; if ($4 > m[key]) m[key] = $4
+    sec[key, $5] = $3; rounds[$5] = 1 }
   END {
     for (i = 1; i <= k; i++) {
       key = name[i]; split(key, p, " "); base = first " " p[2]
-      printf "%-10s %-8s %9.1f s  %6d MiB  %.3fx time  %.2fx memory\n", p[1], p[2], t[key] / n[key], m[key],
-             (t[key] / n[key]) / (t[base] / n[base]), m[key] / m[base]
+      lo = ""; hi = ""
+      for (r in rounds)
+        if ((key, r) in sec && (base, r) in sec) {
+          x = sec[key, r] / sec[base, r]
+          if (lo == "" || x < lo) lo = x
+          if (hi == "" || x > hi) hi = x
+        }
+      printf "%-10s %-8s %9.1f s  %6d MiB  %.3fx time  %.2fx memory  rounds %.3f-%.3fx\n", p[1], p[2], t[key] / n[key],
+             m[key], (t[key] / n[key]) / (t[base] / n[base]), m[key] / m[base], lo, hi
     }
   }' "$results"
