@@ -12,6 +12,7 @@
 #include <cmath>
 #include <vector>
 
+#include "ops/cpu_features.h"
 #include "ops/dropout/dropout.h"
 #include "tests/ops/op_test_util.h"
 
@@ -125,6 +126,21 @@ TEST(Dropout, ReferenceUnderFusedKernelsOff) {
   EXPECT_EQ(y.grad_fn()->name().find("DropoutFused"), std::string::npos) << y.grad_fn()->name();
   torch::manual_seed(4);
   EXPECT_TRUE(torch::equal(y, dropout_reference(x, 0.25, random_seed())));
+}
+
+// tests/ops/CMakeLists.txt runs this binary again under SEQREC_CPU_LEVEL=avx2 and =baseline:
+// the kernels must then take the capped path, or those runs would test nothing new.
+TEST(CpuLevel, TheEnvironmentCapsTheKernelsPicked) {
+  const char* env = std::getenv("SEQREC_CPU_LEVEL");
+  const std::string level = env ? env : "";
+  if (level == "avx2") {
+    EXPECT_FALSE(seqrec::ops::cpu_has_avx512());
+  } else if (level == "baseline") {
+    EXPECT_FALSE(seqrec::ops::cpu_has_avx2_fma());
+    EXPECT_FALSE(seqrec::ops::cpu_has_avx512());
+  } else {
+    EXPECT_EQ(seqrec::ops::cpu_level_cap(), 2) << level;
+  }
 }
 
 using seqrec::ops::Activation;
