@@ -52,83 +52,6 @@ __attribute__((always_inline)) inline void lanes(const Keep& k, int64_t w0, int6
 #endif
 }
 
-// y[i] = x[i] * (keep ? scale : 0) for i in [begin, end) (begin a multiple of 4); x == nullptr
-// writes the mask itself.
-template <typename T>
-__attribute__((always_inline)) inline void scale_range_any(const Keep& k, T scale, const T* __restrict__ x,
-                                                           T* __restrict__ y, int64_t begin, int64_t end) {
-  alignas(64) uint16_t h[kBlock];
-  for (int64_t b = begin; b < end; b += kBlock) {
-    const int64_t n = std::min(kBlock, end - b);
-    lanes(k, b / 4, (n + 3) / 4, h);
-    const uint32_t th = k.threshold;
-    if (x) {
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) y[b + i] = x[b + i] * (static_cast<uint32_t>(h[i]) >= th ? scale : T(0));
-    } else {
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) y[b + i] = static_cast<uint32_t>(h[i]) >= th ? scale : T(0);
-    }
-  }
-}
-
-template <typename T>
-void scale_range(const Keep& k, T scale, const T* x, T* y, int64_t begin, int64_t end) {
-  scale_range_any(k, scale, x, y, begin, end);
-}
-#if SEQREC_CPU_X86
-template <typename T>
-SEQREC_CPU_AVX2 void scale_range_avx2(const Keep& k, T scale, const T* x, T* y, int64_t begin, int64_t end) {
-  scale_range_any(k, scale, x, y, begin, end);
-}
-template <typename T>
-SEQREC_CPU_AVX512 void scale_range_avx512(const Keep& k, T scale, const T* x, T* y, int64_t begin, int64_t end) {
-  scale_range_any(k, scale, x, y, begin, end);
-}
-#endif
-
-// y = x * keep / (1 - p) over n elements (x == nullptr: the mask), in blocks across threads.
-template <typename T>
-void scale_by_keep(double p, uint64_t seed, const T* x, T* y, int64_t n) {
-  const Keep k = keep_of(p, seed);
-  // The reference's scale is a float whatever the dtype (its mask is a float tensor).
-  const T scale = static_cast<T>(static_cast<float>(1.0 / (1.0 - p)));
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
-    const int64_t begin = b0 * kBlock, end = std::min(n, b1 * kBlock);
-#if SEQREC_CPU_X86
-    if (cpu_has_avx512()) return scale_range_avx512<T>(k, scale, x, y, begin, end);
-    if (cpu_has_avx2_fma()) return scale_range_avx2<T>(k, scale, x, y, begin, end);
-#endif
-    scale_range<T>(k, scale, x, y, begin, end);
-  });
-}
-
-// x (float or double, on the CPU) times its keep mask, into a new contiguous tensor.
-at::Tensor apply_keep(const at::Tensor& x_in, double p, uint64_t seed) {
-  auto x = x_in.contiguous();
-  auto y = torch::empty(x.sizes(), x.options());
-  if (x.scalar_type() == at::kDouble)
-    scale_by_keep<double>(p, seed, x.data_ptr<double>(), y.data_ptr<double>(), x.numel());
-  else
-    scale_by_keep<float>(p, seed, x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
-  return y;
-}
-
-class DropoutFused : public torch::autograd::Function<DropoutFused> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, double p, int64_t seed) {
-    ctx->saved_data["p"] = p;
-    ctx->saved_data["seed"] = seed;
-    return {apply_keep(x, p, static_cast<uint64_t>(seed))};
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const double p = ctx->saved_data["p"].toDouble();
-    const auto seed = static_cast<uint64_t>(ctx->saved_data["seed"].toInt());
-    return {apply_keep(grads[0], p, seed), at::Tensor(), at::Tensor()};
-  }
-};
-
 // Activation and dropout in one pass (activation_dropout). Φ(x), the normal CDF, and φ(x), its
 // density, share one exp: with z = |x| / √2, φ(x) = exp(-z²) / √(2π) and, in float,
 // Φ(-|x|) = ½ erfc(z) = ½ t (a1 + t (a2 + t (a3 + t (a4 + t a5)))) exp(-z²), t = 1 / (1 + p z)
@@ -147,15 +70,21 @@ __attribute__((always_inline)) inline void normal_cdf_pdf(double x, double& cdf,
   pdf = std::exp(-0.5 * x * x) * 0.39894228040143268;
 }
 
-// One direction over [begin, end) (begin a multiple of 4), m the element's keep-scale (k ==
-// nullptr keeps every element with scale 1). Forward: y = act(x) · m. Backward, given g: GELU's
-// y = g · m · (Φ(x) + x φ(x)) from the input x; ReLU's from the output alone (x = the forward's
-// y, positive exactly where the element was kept and the input was), so it draws no hashes.
-template <typename T, Activation kAct, bool kBackward>
-__attribute__((always_inline)) inline void act_range_any(const Keep* k, T scale, const T* __restrict__ x,
-                                                         const T* __restrict__ g, T* __restrict__ y, int64_t begin,
-                                                         int64_t end) {
-  if constexpr (kBackward && kAct == Activation::kRelu) {
+// What a pass computes at each element, m its keep-scale (keep ? 1 / (1 - p) : 0): the mask m
+// itself (dropout_mask), x · m (dropout, and its backward on the gradient), or an activation's
+// forward act(x) · m or backward (activation_dropout).
+enum class Op { kMask, kScale, kRelu, kGelu };
+
+// One pass over [begin, end) (begin a multiple of 4); k == nullptr keeps every element with
+// scale 1. Backward (the activations only), given g: GELU's y = g · m · (Φ(x) + x φ(x)) from the
+// input x; ReLU's from the output alone (x = the forward's y, positive exactly where the element
+// was kept and the input was), so it draws no hashes.
+template <typename T, Op kOp, bool kBackward>
+__attribute__((always_inline)) inline void keep_range_any(const Keep* k, T scale, const T* __restrict__ x,
+                                                          const T* __restrict__ g, T* __restrict__ y, int64_t begin,
+                                                          int64_t end) {
+  static_assert(!kBackward || kOp == Op::kRelu || kOp == Op::kGelu, "dropout's backward is its forward on the gradient");
+  if constexpr (kBackward && kOp == Op::kRelu) {
 #pragma omp simd
     for (int64_t i = begin; i < end; ++i) y[i] = x[i] > T(0) ? g[i] * scale : T(0);
     return;
@@ -168,11 +97,16 @@ __attribute__((always_inline)) inline void act_range_any(const Keep* k, T scale,
     if (k) lanes(*k, b / 4, (n + 3) / 4, h);
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) {
-      const T xi = x[b + i];
       const T m = static_cast<uint32_t>(h[i]) >= th ? scale : T(0);
-      if constexpr (kAct == Activation::kRelu) {
+      if constexpr (kOp == Op::kMask) {
+        y[b + i] = m;
+      } else if constexpr (kOp == Op::kScale) {
+        y[b + i] = x[b + i] * m;
+      } else if constexpr (kOp == Op::kRelu) {
+        const T xi = x[b + i];
         y[b + i] = (xi > T(0) ? xi : T(0)) * m;
       } else {
+        const T xi = x[b + i];
         T cdf, pdf;
         normal_cdf_pdf(xi, cdf, pdf);
         if constexpr (kBackward) y[b + i] = (g[b + i] * m) * (cdf + xi * pdf);
@@ -182,53 +116,82 @@ __attribute__((always_inline)) inline void act_range_any(const Keep* k, T scale,
   }
 }
 
-template <typename T, Activation kAct, bool kBackward>
-void act_range(const Keep* k, T scale, const T* x, const T* g, T* y, int64_t begin, int64_t end) {
-  act_range_any<T, kAct, kBackward>(k, scale, x, g, y, begin, end);
+template <typename T, Op kOp, bool kBackward>
+void keep_range(const Keep* k, T scale, const T* x, const T* g, T* y, int64_t begin, int64_t end) {
+  keep_range_any<T, kOp, kBackward>(k, scale, x, g, y, begin, end);
 }
 #if SEQREC_CPU_X86
-template <typename T, Activation kAct, bool kBackward>
-SEQREC_CPU_AVX2 void act_range_avx2(const Keep* k, T scale, const T* x, const T* g, T* y, int64_t begin, int64_t end) {
-  act_range_any<T, kAct, kBackward>(k, scale, x, g, y, begin, end);
+template <typename T, Op kOp, bool kBackward>
+SEQREC_CPU_AVX2 void keep_range_avx2(const Keep* k, T scale, const T* x, const T* g, T* y, int64_t begin,
+                                     int64_t end) {
+  keep_range_any<T, kOp, kBackward>(k, scale, x, g, y, begin, end);
 }
-template <typename T, Activation kAct, bool kBackward>
-SEQREC_CPU_AVX512 void act_range_avx512(const Keep* k, T scale, const T* x, const T* g, T* y, int64_t begin,
-                                        int64_t end) {
-  act_range_any<T, kAct, kBackward>(k, scale, x, g, y, begin, end);
+template <typename T, Op kOp, bool kBackward>
+SEQREC_CPU_AVX512 void keep_range_avx512(const Keep* k, T scale, const T* x, const T* g, T* y, int64_t begin,
+                                         int64_t end) {
+  keep_range_any<T, kOp, kBackward>(k, scale, x, g, y, begin, end);
 }
 #endif
 
-// One direction over all of x (contiguous): forward y = act(x) * keep-scale (g unused); backward
-// y = the gradient given g and the saved tensor x (GELU: the input; ReLU: the output).
-template <typename T, Activation kAct, bool kBackward>
-void act_dropout_pass(bool drop, double p, uint64_t seed, const T* x, const T* g, T* y, int64_t n) {
-  const Keep keep = keep_of(drop ? p : 0.0, seed);
-  const Keep* k = drop ? &keep : nullptr;
-  const T scale = drop ? static_cast<T>(static_cast<float>(1.0 / (1.0 - p))) : T(1);
+// One pass over n contiguous elements, in blocks across threads; k == nullptr: no dropout.
+template <typename T, Op kOp, bool kBackward = false>
+void keep_pass(const Keep* k, double p, const T* x, const T* g, T* y, int64_t n) {
+  // The reference's scale is a float whatever the dtype (its mask is a float tensor).
+  const T scale = k ? static_cast<T>(static_cast<float>(1.0 / (1.0 - p))) : T(1);
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
     const int64_t begin = b0 * kBlock, end = std::min(n, b1 * kBlock);
 #if SEQREC_CPU_X86
-    if (cpu_has_avx512()) return act_range_avx512<T, kAct, kBackward>(k, scale, x, g, y, begin, end);
-    if (cpu_has_avx2_fma()) return act_range_avx2<T, kAct, kBackward>(k, scale, x, g, y, begin, end);
+    if (cpu_has_avx512()) return keep_range_avx512<T, kOp, kBackward>(k, scale, x, g, y, begin, end);
+    if (cpu_has_avx2_fma()) return keep_range_avx2<T, kOp, kBackward>(k, scale, x, g, y, begin, end);
 #endif
-    act_range<T, kAct, kBackward>(k, scale, x, g, y, begin, end);
+    keep_range<T, kOp, kBackward>(k, scale, x, g, y, begin, end);
   });
 }
 
+// x (float or double, on the CPU) times its keep mask, into a new contiguous tensor.
+at::Tensor apply_keep(const at::Tensor& x_in, double p, uint64_t seed) {
+  auto x = x_in.contiguous();
+  auto y = torch::empty(x.sizes(), x.options());
+  const Keep k = keep_of(p, seed);
+  if (x.scalar_type() == at::kDouble)
+    keep_pass<double, Op::kScale>(&k, p, x.data_ptr<double>(), nullptr, y.data_ptr<double>(), x.numel());
+  else
+    keep_pass<float, Op::kScale>(&k, p, x.data_ptr<float>(), nullptr, y.data_ptr<float>(), x.numel());
+  return y;
+}
+
+class DropoutFused : public torch::autograd::Function<DropoutFused> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, double p, int64_t seed) {
+    ctx->saved_data["p"] = p;
+    ctx->saved_data["seed"] = seed;
+    return {apply_keep(x, p, static_cast<uint64_t>(seed))};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const double p = ctx->saved_data["p"].toDouble();
+    const auto seed = static_cast<uint64_t>(ctx->saved_data["seed"].toInt());
+    return {apply_keep(grads[0], p, seed), at::Tensor(), at::Tensor()};
+  }
+};
+
+// act(x) times its keep-scale (drop false: every element kept), or its backward given g, into a
+// new contiguous tensor.
 template <bool kBackward>
 at::Tensor act_dropout_apply(Activation act, bool drop, double p, uint64_t seed, const at::Tensor& x_in,
                              const at::Tensor& g_in) {
   auto x = x_in.contiguous();
   auto g = kBackward ? g_in.contiguous() : at::Tensor();
   auto y = torch::empty(x.sizes(), x.options());
+  const Keep keep = keep_of(p, seed);
+  const Keep* k = drop ? &keep : nullptr;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "activation_dropout", [&] {
     using T = scalar_t;
     const T* gp = kBackward ? g.data_ptr<T>() : nullptr;
     if (act == Activation::kGelu)
-      act_dropout_pass<T, Activation::kGelu, kBackward>(drop, p, seed, x.data_ptr<T>(), gp, y.data_ptr<T>(), x.numel());
+      keep_pass<T, Op::kGelu, kBackward>(k, p, x.data_ptr<T>(), gp, y.data_ptr<T>(), x.numel());
     else
-      act_dropout_pass<T, Activation::kRelu, kBackward>(drop, p, seed, x.data_ptr<T>(), gp, y.data_ptr<T>(), x.numel());
+      keep_pass<T, Op::kRelu, kBackward>(k, p, x.data_ptr<T>(), gp, y.data_ptr<T>(), x.numel());
   });
   return y;
 }
@@ -270,7 +233,8 @@ at::Tensor activation_dropout(const at::Tensor& a, Activation act, double p, boo
 at::Tensor dropout_mask(const at::Tensor& like, double p, uint64_t seed) {
   TORCH_CHECK(p >= 0 && p < 1, "dropout probability must be in [0, 1), got ", p);
   auto mask = torch::empty(like.sizes(), like.options().dtype(at::kFloat).device(at::kCPU));
-  scale_by_keep<float>(p, seed, nullptr, mask.data_ptr<float>(), mask.numel());
+  const Keep k = keep_of(p, seed);
+  keep_pass<float, Op::kMask>(&k, p, nullptr, nullptr, mask.data_ptr<float>(), mask.numel());
   return mask.to(like.options().dtype(like.scalar_type()).device(like.device()));
 }
 
