@@ -128,8 +128,9 @@ TEST(Dropout, ReferenceUnderFusedKernelsOff) {
   EXPECT_TRUE(torch::equal(y, dropout_reference(x, 0.25, random_seed())));
 }
 
-// tests/ops/CMakeLists.txt runs this binary again under SEQREC_CPU_LEVEL=avx2 and =baseline:
-// the kernels must then take the capped path, or those runs would test nothing new.
+// tests/ops/CMakeLists.txt runs this binary again under SEQREC_CPU_LEVEL=avx2 and =baseline,
+// where the kernels must take the capped path (or those runs would test nothing new), and this
+// test alone under a bad value, which must be an error naming it.
 TEST(CpuLevel, TheEnvironmentCapsTheKernelsPicked) {
   const char* env = std::getenv("SEQREC_CPU_LEVEL");
   const std::string level = env ? env : "";
@@ -138,8 +139,17 @@ TEST(CpuLevel, TheEnvironmentCapsTheKernelsPicked) {
   } else if (level == "baseline") {
     EXPECT_FALSE(seqrec::ops::cpu_has_avx2_fma());
     EXPECT_FALSE(seqrec::ops::cpu_has_avx512());
-  } else {
+  } else if (level.empty() || level == "avx512") {
     EXPECT_EQ(seqrec::ops::cpu_level_cap(), 2) << level;
+  } else {  // tests/ops/CMakeLists.txt runs this test alone under a bad value too
+    try {
+      seqrec::ops::cpu_level_cap();
+      ADD_FAILURE() << "no error for SEQREC_CPU_LEVEL=" << level;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("SEQREC_CPU_LEVEL must be baseline, avx2 or avx512, got '" + level + "'"),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 
