@@ -262,10 +262,10 @@ at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b,
     poss.push_back(t.pos);
     if (t.neg.defined()) negs.push_back(t.neg);
   }
-  Targets all;
-  all.h = hs.size() == 1 ? hs[0] : torch::cat(hs);
-  all.pos = poss.size() == 1 ? poss[0] : torch::cat(poss);
-  if (!negs.empty()) all.neg = negs.size() == 1 ? negs[0] : torch::cat(negs);
+  auto join = [](const std::vector<at::Tensor>& parts) {
+    return parts.empty() ? at::Tensor() : parts.size() == 1 ? parts[0] : torch::cat(parts);
+  };
+  const Targets all{join(hs), join(poss), join(negs)};
   auto total = targets_loss_sum(all, table, kind, softmax_keep_bytes);
   // Model-side terms (LISA's inputs-optimize loss), summed over the same items.
   auto aux = model.take_auxiliary_loss();
