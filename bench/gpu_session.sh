@@ -7,8 +7,8 @@
 #      against the CPU's before anything runs on them;
 #   2. time training epochs on the GPU, alone on it, with the peak GPU memory: SASRec and LinRec
 #      (LinRec's paper setting and the common setting, ML-1M, max_len 200; the paper setting also
-#      in the released code's prefix scheme at batch 2048, PREFIX_STEPS steps), LISA-Base and
-#      Routing in their configs, each kernel also against its reference (--fused_kernels=false),
+#      in the released code's prefix scheme at batch 2048, PREFIX_STEPS steps), LISA-Base,
+#      Routing and LightSANs in their configs, each kernel also against its reference (--fused_kernels=false),
 #      and FLASH4Rec; the common setting and FLASH4Rec also in the CPU's 8 length slices;
 #      time the attention ops forward + backward at L = 200, 1,024, 4,096 (OP_BENCH=0 skips);
 #      time SASRec's and LinRec's attention alone at the prefix scheme's batch (PREFIX_SPLIT=0
@@ -51,7 +51,8 @@ if ! cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_
   tail -40 "$OUT/build.log"; exit 1
 fi
 grep "seqrec: MPI=" "$OUT/build.log" | tee -a "$summary"
-if ! ninja -C build-gpu seqrec test_linear_attention test_lisa_attention test_routing_attention attention_bench \
+if ! ninja -C build-gpu seqrec test_interest_attention test_linear_attention test_lisa_attention test_routing_attention \
+     attention_bench \
      >> "$OUT/build.log" 2>&1; then
   grep -B3 -A12 -m5 "error" "$OUT/build.log" | head -120; exit 1
 fi
@@ -59,7 +60,7 @@ say "built seqrec"
 B=build-gpu/seqrec
 # The CUDA kernels against the CPU's before anything is timed or trained with them.
 : > "$OUT/ops-tests.log"
-for t in test_linear_attention test_lisa_attention test_routing_attention; do
+for t in test_interest_attention test_linear_attention test_lisa_attention test_routing_attention; do
   timeout "$(left)" build-gpu/tests/ops/$t > /tmp/$t.log 2>&1
   say "$t (CUDA kernel included): rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' /tmp/$t.log | tr '\n' ' ')"
   cat /tmp/$t.log >> "$OUT/ops-tests.log"
@@ -102,18 +103,19 @@ if [ "${TIMING:-1}" != 0 ]; then
     time_epochs "prefix-$m-sliced" --flagfile configs/ml-1m/linrec.flags --model $m --objective last --train_prefixes \
       --batch_size 2048 --max_steps "${PREFIX_STEPS:-120}" --length_groups 8
   done
-  # LISA-Base's and Routing's kernels against their references, in each model's own config.
-  for m in lisa-base routing; do
+  # LISA-Base's, Routing's and LightSANs' kernels against their references, in each model's own
+  # config (LightSANs': its paper setting).
+  for m in lisa-base routing lightsans; do
     time_epochs "$m" --flagfile configs/ml-1m/$m.flags
     time_epochs "$m-ref" --flagfile configs/ml-1m/$m.flags --fused_kernels=false
   done
 fi
 
 # 2a. The causal product (CUDA kernel, ATen reference), LinRec's and FLASH4Rec's cosine attention,
-# LISA's histogram attention (CUDA kernel, ATen reference), routing attention, softmax attention
-# and four whole models, forward + backward, alone on the GPU.
+# LISA's histogram attention (CUDA kernel, ATen reference), routing attention, LightSANs' interest
+# attention (CUDA kernel, ATen reference), softmax attention and five whole models, forward + backward, alone on the GPU.
 ALL_OPS="softmax linear linear:reference linrec gated:cosine lisa lisa:reference routing routing:reference
-         model:sasrec model:linrec model:lisa model:routing"
+         lightsans lightsans:reference model:sasrec model:linrec model:lisa model:routing model:lightsans"
 [ "${OP_BENCH:-1}" = 0 ] || for L in 200 1024 4096; do
   for op in ${OPS:-$ALL_OPS}; do
     say "op $(timeout 60 build-gpu/bench/attention_bench --device cuda --op $op --len $L --tokens 25600 --dim 50 --iters 5 2>&1 | tail -1)"

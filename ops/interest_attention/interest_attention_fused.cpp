@@ -26,6 +26,13 @@
 
 #include "ops/dropout/dropout.h"
 #include "ops/kernels.h"
+#include "seqrec_config.h"
+#if SEQREC_HAVE_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "ops/interest_attention/interest_attention_cuda.h"
+#endif
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Dispatch.h>
@@ -508,6 +515,152 @@ struct CausalInterestAttention : public torch::autograd::Function<CausalInterest
   }
 };
 
+#if SEQREC_HAVE_CUDA
+// The same op on a CUDA device: interest_attention.cu's kernels, one warp per (sequence, head),
+// slot by slot (interest_attention_kernel.h). What the forward keeps for the backward: every
+// slot's running maxima, normalisers and scores, and the state entering each chunk of C slots.
+// C only trades the checkpoints (L / C states) against the backward's scratch (C slots'
+// aggregates), so it is about sqrt(L) unless the caller names one.
+int64_t device_chunk(int64_t chunk, int64_t L) {
+  const int64_t C = chunk > 0 ? chunk : std::llround(std::sqrt(static_cast<double>(L)));
+  return std::clamp<int64_t>(C, 1, std::max<int64_t>(L, 1));
+}
+
+// The tensors of one call: q [B, H, L, Dh], k and v [B, L, D], a [B, L, 2k], pad [B, L] and
+// mask [B, H, L, k] (or undefined), contiguous, on one device; m, z [B·H, L, 2k] and
+// s [B·H, L, k] filled by the forward; ckpt [B·H, ceil(L / C), 2k, Dh] or undefined.
+struct DeviceCall {
+  at::Tensor q, k, v, a, pad, mask, m, z, s, ckpt;
+  int64_t K, C;
+
+  template <typename T>
+  cuda::interest_kernel::Args<T> args() const {
+    cuda::interest_kernel::Args<T> r{};
+    r.q = q.data_ptr<T>();
+    r.k = k.data_ptr<T>();
+    r.v = v.data_ptr<T>();
+    r.a = a.data_ptr<T>();
+    r.pad = pad.data_ptr<bool>();
+    r.mask = mask.defined() ? mask.data_ptr<T>() : nullptr;
+    r.m = m.data_ptr<T>();
+    r.z = z.data_ptr<T>();
+    r.s = s.data_ptr<T>();
+    r.ckpt = ckpt.defined() ? ckpt.data_ptr<T>() : nullptr;
+    r.B = q.size(0);
+    r.H = q.size(1);
+    r.L = q.size(2);
+    r.Dh = q.size(3);
+    r.K = K;
+    r.C = C;
+    r.scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+    return r;
+  }
+};
+
+void* current_stream(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+
+// The forward on the device: the output, with call.m, call.z, call.s (and call.ckpt when defined)
+// filled.
+at::Tensor device_forward(const DeviceCall& call) {
+  const c10::cuda::CUDAGuard guard(call.q.device());
+  const int64_t B = call.q.size(0), H = call.q.size(1), L = call.q.size(2), Dh = call.q.size(3);
+  auto out = at::empty({B, H, L, Dh}, call.q.options());
+  auto state = at::empty({B * H, 2 * call.K, Dh}, call.q.options());
+  AT_DISPATCH_FLOATING_TYPES(call.q.scalar_type(), "causal_interest_attention_cuda", [&] {
+    auto a = call.args<scalar_t>();
+    a.out = out.data_ptr<scalar_t>();
+    a.state = state.data_ptr<scalar_t>();
+    cuda::interest_attention_forward_launch<scalar_t>(a, current_stream(call.q));
+  });
+  return out;
+}
+
+DeviceCall device_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& logits_k,
+                       const at::Tensor& logits_v, const at::Tensor& pad, const at::Tensor& mask, int64_t chunk,
+                       bool keep_checkpoints) {
+  DeviceCall c;
+  c.q = q.contiguous();
+  c.k = k.contiguous();
+  c.v = v.contiguous();
+  c.a = torch::cat({logits_k, logits_v}, 2).contiguous();
+  c.pad = pad.contiguous();
+  c.mask = mask.defined() ? mask.contiguous() : at::Tensor();
+  c.K = logits_k.size(2);
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), Dh = q.size(3);
+  c.C = device_chunk(chunk, L);
+  c.m = at::empty({B * H, L, 2 * c.K}, q.options());
+  c.z = at::empty({B * H, L, 2 * c.K}, q.options());
+  c.s = at::empty({B * H, L, c.K}, q.options());
+  if (keep_checkpoints) c.ckpt = at::empty({B * H, (L + c.C - 1) / c.C, 2 * c.K, Dh}, q.options());
+  return c;
+}
+
+struct CausalInterestAttentionCuda : public torch::autograd::Function<CausalInterestAttentionCuda> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& logits_k, const at::Tensor& logits_v, const at::Tensor& pad,
+                               const at::Tensor& mask, int64_t chunk) {
+    auto call = device_call(q, k, v, logits_k, logits_v, pad, mask, chunk, /*keep_checkpoints=*/true);
+    auto out = device_forward(call);
+    ctx->save_for_backward({call.q, call.k, call.v, call.a, call.pad, call.mask, call.m, call.z, call.s, call.ckpt});
+    ctx->saved_data["K"] = call.K;
+    ctx->saved_data["C"] = call.C;
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    // Grad mode is on here only under create_graph: the kernels build no graph.
+    TORCH_CHECK(!at::GradMode::is_enabled(), "causal_interest_attention does not support double backward");
+    auto saved = ctx->get_saved_variables();
+    DeviceCall call{saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6], saved[7], saved[8], saved[9],
+                    ctx->saved_data["K"].toInt(), ctx->saved_data["C"].toInt()};
+    const c10::cuda::CUDAGuard guard(call.q.device());
+    const int64_t B = call.q.size(0), H = call.q.size(1), L = call.q.size(2), Dh = call.q.size(3), K = call.K;
+    const auto grad = grad_out[0].contiguous();
+    auto gq = at::empty_like(call.q), gk = at::empty_like(call.k), gv = at::empty_like(call.v);
+    auto ga = at::empty({B * H, L, 2 * K}, call.q.options());
+    auto o = call.q.options();
+    auto state = at::empty({B * H, 2 * K, Dh}, o), agg = at::empty({B * H, call.C, 2 * K, Dh}, o);
+    auto carry = at::empty({B * H, 2 * K, Dh}, o), carry_c = at::empty({B * H, 2, 2 * K}, o);
+    auto dp = at::empty({B * H, K}, o);
+    AT_DISPATCH_FLOATING_TYPES(call.q.scalar_type(), "causal_interest_attention_cuda_backward", [&] {
+      auto a = call.args<scalar_t>();
+      a.state = state.data_ptr<scalar_t>();
+      a.grad = grad.data_ptr<scalar_t>();
+      a.gq = gq.data_ptr<scalar_t>();
+      a.gk = gk.data_ptr<scalar_t>();
+      a.gv = gv.data_ptr<scalar_t>();
+      a.ga = ga.data_ptr<scalar_t>();
+      a.agg = agg.data_ptr<scalar_t>();
+      a.carry = carry.data_ptr<scalar_t>();
+      a.carry_c = carry_c.data_ptr<scalar_t>();
+      a.dp = dp.data_ptr<scalar_t>();
+      cuda::interest_attention_backward_launch<scalar_t>(a, current_stream(call.q));
+    });
+    // Each warp wrote its head's share of the logits' gradient.
+    auto ga_sum = ga.view({B, H, L, 2 * K}).sum(1);
+    at::Tensor gak, gav;
+    if (ctx->needs_input_grad(3)) gak = ga_sum.narrow(2, 0, K);
+    if (ctx->needs_input_grad(4)) gav = ga_sum.narrow(2, K, K);
+    return {gq, gk, gv, gak, gav, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// On a CUDA device (float, double): the kernels, with the dropout mask drawn as the CPU kernel
+// draws it (make_mask), so that one generator state drops the same probabilities on either device.
+at::Tensor device_causal_interest_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                            const at::Tensor& logits_k, const at::Tensor& logits_v,
+                                            const at::Tensor& pad, double dropout, bool use_mask, bool needs_grad,
+                                            int64_t chunk) {
+  at::Tensor mask;
+  if (use_mask) mask = make_mask(q, logits_k.size(2), dropout, random_seed());
+  if (!needs_grad) {
+    torch::NoGradGuard no_grad;
+    return device_forward(device_call(q, k, v, logits_k, logits_v, pad, mask, chunk, /*keep_checkpoints=*/false));
+  }
+  return CausalInterestAttentionCuda::apply(q, k, v, logits_k, logits_v, pad, mask, chunk)[0];
+}
+#endif
+
 }  // namespace
 
 at::Tensor causal_interest_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -531,13 +684,24 @@ at::Tensor causal_interest_attention(const at::Tensor& q, const at::Tensor& k, c
     TORCH_CHECK(t->scalar_type() == q.scalar_type() && t->device() == q.device(),
                 "q, k, v, logits_k and logits_v must share dtype and device");
   if (L == 0) return torch::zeros({B, H, 0, Dh}, q.options());
-  if (!fused_kernels() || !q.device().is_cpu() || (q.scalar_type() != at::kFloat && q.scalar_type() != at::kDouble))
+  bool kernel_device = q.device().is_cpu();
+#if SEQREC_HAVE_CUDA
+  kernel_device = kernel_device || q.is_cuda();
+#endif
+  TORCH_CHECK(key_padding.device() == q.device(), "key_padding must be on q's device ", q.device(), "; got ",
+              key_padding.device());
+  if (!fused_kernels() || !kernel_device || (q.scalar_type() != at::kFloat && q.scalar_type() != at::kDouble))
     return interest_attention(q, causal_interest_aggregation(k, logits_k, key_padding),
                               causal_interest_aggregation(v, logits_v, key_padding), dropout, training);
   const bool use_mask = training && dropout > 0;
   const bool needs_grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() ||
                                                          v.requires_grad() || logits_k.requires_grad() ||
                                                          logits_v.requires_grad());
+#if SEQREC_HAVE_CUDA
+  if (q.is_cuda())
+    return device_causal_interest_attention(q, k, v, logits_k, logits_v, key_padding, dropout, use_mask, needs_grad,
+                                            chunk);
+#endif
   if (!needs_grad) {
     torch::NoGradGuard no_grad;
     auto P = make_plan(q, k, logits_k, chunk);

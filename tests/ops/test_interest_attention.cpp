@@ -8,9 +8,13 @@
 
 #include <cmath>
 #include <limits>
+#include <sstream>
+#include <tuple>
 #include <vector>
 
+#include "ops/dropout/dropout.h"
 #include "ops/interest_attention/interest_attention.h"
+#include "ops/interest_attention/interest_attention_kernel.h"
 #include "tests/ops/op_test_util.h"
 
 namespace {
@@ -278,6 +282,163 @@ TEST(CausalInterestAttention, CausalBitExactAndPaddingIsolated) {
     auto real = in.pad.logical_not().view({2, 1, L, 1});
     EXPECT_TRUE(torch::allclose(got * real, base * real, 1e-6, 1e-6)) << "chunk " << chunk;
   }
+}
+
+// The CUDA kernels' row functions (interest_attention_kernel.h) on the CPU with an emulated warp:
+// out and the gradients of q, k, v and both logits for the output gradient g, given the dropout
+// keep mask (or none) and the kernel's chunk C. Outputs, gradients and the kept rows start as
+// NaN, so anything the kernels leave unwritten shows.
+template <typename T>
+std::vector<at::Tensor> emulated_interest(const Inputs& in, const at::Tensor& mask_in, const at::Tensor& g_in,
+                                          int64_t C) {
+  namespace ik = seqrec::ops::cuda::interest_kernel;
+  const int64_t B = in.q.size(0), H = in.q.size(1), L = in.q.size(2), Dh = in.q.size(3), K = in.ak.size(2);
+  const int64_t D = H * Dh, BH = B * H, chunks = (L + C - 1) / C;
+  auto o = in.q.options().requires_grad(false);
+  auto q = in.q.detach().contiguous(), k = in.k.detach().contiguous(), v = in.v.detach().contiguous();
+  auto a = torch::cat({in.ak.detach(), in.av.detach()}, 2).contiguous();
+  auto pad = in.pad.contiguous();
+  auto mask = mask_in.defined() ? mask_in.contiguous() : at::Tensor();
+  auto g = g_in.contiguous();
+  auto nan = [&](std::vector<int64_t> size) -> at::Tensor { return torch::full(size, std::nan(""), o); };
+  const at::Tensor out = nan({B, H, L, Dh}), m = nan({BH, L, 2 * K}), z = nan({BH, L, 2 * K}),
+                   s = nan({BH, L, K}), ckpt = nan({BH, chunks, 2 * K, Dh}), state = nan({BH, 2 * K, Dh}),
+                   gq = nan({B, H, L, Dh}), gk = nan({B, L, D}), gv = nan({B, L, D}), ga = nan({BH, L, 2 * K}),
+                   agg = nan({BH, C, 2 * K, Dh}), carry = nan({BH, 2 * K, Dh}), carry_c = nan({BH, 2, 2 * K}),
+                   dp = nan({BH, K});
+  ik::Args<T> args{};
+  args.q = q.data_ptr<T>();
+  args.k = k.data_ptr<T>();
+  args.v = v.data_ptr<T>();
+  args.a = a.data_ptr<T>();
+  args.pad = pad.data_ptr<bool>();
+  args.mask = mask.defined() ? mask.data_ptr<T>() : nullptr;
+  args.out = out.data_ptr<T>();
+  args.m = m.data_ptr<T>();
+  args.z = z.data_ptr<T>();
+  args.s = s.data_ptr<T>();
+  args.ckpt = ckpt.data_ptr<T>();
+  args.state = state.data_ptr<T>();
+  args.grad = g.data_ptr<T>();
+  args.gq = gq.data_ptr<T>();
+  args.gk = gk.data_ptr<T>();
+  args.gv = gv.data_ptr<T>();
+  args.ga = ga.data_ptr<T>();
+  args.agg = agg.data_ptr<T>();
+  args.carry = carry.data_ptr<T>();
+  args.carry_c = carry_c.data_ptr<T>();
+  args.dp = dp.data_ptr<T>();
+  args.B = B, args.H = H, args.L = L, args.Dh = Dh, args.K = K, args.C = C;
+  args.scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(Dh)));
+  ik::emulate(args, /*backward=*/false);
+  EXPECT_FALSE(torch::isnan(out).any().item<bool>() || torch::isnan(s).any().item<bool>() ||
+               torch::isnan(ckpt).any().item<bool>())
+      << "a forward output left unwritten";
+  ik::emulate(args, /*backward=*/true);
+  // The logits' gradient: the heads' shares summed (what the host does on the device).
+  auto ga_sum = ga.view({B, H, L, 2 * K}).sum(1);
+  return {out, gq, gk, gv, ga_sum.narrow(2, 0, K), ga_sum.narrow(2, K, K)};
+}
+
+// Against the CPU's fused kernel, in double and float, over shapes that break the kernel's lanes
+// and chunks (Dh 1, 3, 33 and 40: lanes holding no, one and two dims; C 1, 4, 16 and L), left
+// and right padding (slots after the last real one still read the state), all-padding rows, a
+// single slot, logits spread over hundreds, and dropout with the mask the fused kernel draws.
+// What this cannot show (the device's shuffles, syncs, launch errors) is
+// CudaKernelMatchesCpuKernel's, on a GPU.
+TEST(CausalInterestAttention, CudaKernelLogicMatchesCpuKernel) {
+  torch::manual_seed(27);
+  struct Case { int64_t B, H, L, Dh, K; std::vector<int64_t> lengths; bool left; double spread; int64_t C; };
+  const std::vector<Case> cases = {{1, 1, 1, 3, 1, {1}, true, 1, 4},           {2, 2, 7, 1, 3, {7, 2}, true, 1, 4},
+                                   {3, 1, 37, 33, 5, {37, 20, 0}, true, 3, 16}, {2, 2, 29, 3, 4, {29, 11}, false, 2, 1},
+                                   {2, 1, 40, 40, 2, {40, 9}, false, 400, 40},  {2, 3, 21, 4, 6, {0, 21}, true, 200, 4}};
+  for (const auto& c : cases)
+    for (auto dtype : {torch::kFloat64, torch::kFloat32})
+      for (double p : {0.0, 0.3}) {
+        auto in = make_inputs(c.B, c.H, c.L, c.Dh, c.K, c.lengths, c.spread, dtype, true);
+        in.pad = padding_mask(c.lengths, c.L, c.left);
+        auto g = torch::randn({c.B, c.H, c.L, c.Dh}, dtype);
+        at::Tensor mask;
+        torch::manual_seed(7);
+        if (p > 0) {
+          mask = dropout_mask(torch::empty({c.B, c.H, c.L, c.K}, dtype), p, random_seed());
+          torch::manual_seed(7);  // the fused op draws the same seed
+        }
+        auto want = fused(in, 0, p, p > 0);
+        auto g_want = torch::autograd::grad({want}, in.all(), {g});
+        auto got = dtype == torch::kFloat64 ? emulated_interest<double>(in, mask, g, c.C)
+                                            : emulated_interest<float>(in, mask, g, c.C);
+        std::ostringstream where;
+        where << "B=" << c.B << " H=" << c.H << " L=" << c.L << " Dh=" << c.Dh << " K=" << c.K << " C=" << c.C
+              << (c.left ? " left" : " right") << " spread " << c.spread << (dtype == torch::kFloat64 ? " double" : " float")
+              << " dropout " << p;
+        // Float: the kernel sums slot by slot and across lanes, the CPU kernel in chunks and GEMMs;
+        // relative to each tensor's largest value both are within a few hundred ulp.
+        const double tol = dtype == torch::kFloat64 ? 1e-9 : 2e-4;
+        auto close = [&](const at::Tensor& x, const at::Tensor& y) {
+          return torch::isfinite(x).all().item<bool>() &&
+                 max_err(x, y) <= tol * std::max(1.0, y.abs().max().item<double>());
+        };
+        EXPECT_TRUE(close(got[0], want.detach())) << where.str() << " out, max err " << max_err(got[0], want);
+        const char* names[] = {"q", "k", "v", "logits_k", "logits_v"};
+        for (size_t i = 0; i < 5; ++i)
+          EXPECT_TRUE(close(got[i + 1], g_want[i]))
+              << where.str() << " grad " << names[i] << ", max err " << max_err(got[i + 1], g_want[i]);
+      }
+}
+
+// The CUDA kernels (what causal_interest_attention runs on a CUDA device) against the CPU's fused
+// kernel on the same inputs: values and every gradient, float and double, the emulation's
+// shapes plus LightSANs' ML-1M shape (B 64, L 200, d 64 in 2 heads, k 20) and a long row
+// (L 1,000), and dropout under one generator state (the same mask on both devices). The no-grad
+// path (no checkpoints kept) gives the same output. GPU machines only.
+TEST(CausalInterestAttention, CudaKernelMatchesCpuKernel) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: this check runs on a GPU machine";
+  torch::manual_seed(28);
+  struct Case { int64_t B, H, L, Dh, K; std::vector<int64_t> lengths; bool left; double spread; int64_t chunk; };
+  std::vector<Case> cases = {{1, 1, 1, 3, 1, {1}, true, 1, 0},           {2, 2, 7, 1, 3, {7, 2}, true, 1, 4},
+                             {3, 1, 37, 33, 5, {37, 20, 0}, true, 3, 16}, {2, 2, 29, 3, 4, {29, 11}, false, 2, 1},
+                             {2, 1, 40, 40, 2, {40, 9}, false, 400, 0},   {2, 3, 21, 4, 6, {0, 21}, true, 200, 4},
+                             {2, 2, 1000, 32, 20, {1000, 517}, true, 3, 0}};
+  std::vector<int64_t> ml1m(64);
+  for (int64_t b = 0; b < 64; ++b) ml1m[b] = b % 8 == 0 ? 3 : 200 - 3 * b;
+  cases.push_back({64, 2, 200, 32, 20, ml1m, true, 2, 0});
+  for (const auto& c : cases)
+    for (auto dtype : {torch::kFloat64, torch::kFloat32})
+      for (double p : {0.0, 0.3}) {
+        auto in = make_inputs(c.B, c.H, c.L, c.Dh, c.K, c.lengths, c.spread, dtype);
+        in.pad = padding_mask(c.lengths, c.L, c.left);
+        auto g = torch::randn({c.B, c.H, c.L, c.Dh}, dtype);
+        auto run_on = [&](const torch::Device& device) {
+          std::vector<at::Tensor> x;
+          for (const auto& t : in.all()) x.push_back(t.to(device).requires_grad_());
+          torch::manual_seed(7);
+          auto out = causal_interest_attention(x[0], x[1], x[2], x[3], x[4], in.pad.to(device), p, p > 0, c.chunk);
+          auto grads = torch::autograd::grad({out}, x, {g.to(device)});
+          torch::NoGradGuard no_grad;
+          torch::manual_seed(7);
+          auto plain = causal_interest_attention(x[0], x[1], x[2], x[3], x[4], in.pad.to(device), p, p > 0, c.chunk);
+          return std::make_tuple(out, grads, plain);
+        };
+        auto [want, g_want, plain_want] = run_on(torch::kCPU);
+        auto [got, g_got, plain_got] = run_on(torch::kCUDA);
+        std::ostringstream where;
+        where << "B=" << c.B << " H=" << c.H << " L=" << c.L << " Dh=" << c.Dh << " K=" << c.K << " chunk=" << c.chunk
+              << (dtype == torch::kFloat64 ? " double" : " float") << " dropout " << p;
+        ASSERT_TRUE(got.is_cuda()) << where.str();
+        EXPECT_NE(got.grad_fn()->name().find("CausalInterestAttentionCuda"), std::string::npos)
+            << where.str() << ": " << got.grad_fn()->name();
+        // As in the emulation (the device's shuffles sum as the emulated butterfly does).
+        const double tol = dtype == torch::kFloat64 ? 1e-9 : 2e-4;
+        auto close = [&](const at::Tensor& x, const at::Tensor& y) {
+          return max_err(x.cpu(), y) <= tol * std::max(1.0, y.abs().max().item<double>());
+        };
+        EXPECT_TRUE(close(got, want)) << where.str() << " out";
+        EXPECT_TRUE(torch::equal(plain_got.cpu(), got.detach().cpu())) << where.str() << " no-grad path";
+        EXPECT_TRUE(close(plain_want, want.detach())) << where.str() << " CPU no-grad path";
+        const char* names[] = {"q", "k", "v", "logits_k", "logits_v"};
+        for (size_t i = 0; i < 5; ++i) EXPECT_TRUE(close(g_got[i], g_want[i])) << where.str() << " grad " << names[i];
+      }
 }
 
 TEST(CausalInterestAttention, BadInputIsNamed) {
