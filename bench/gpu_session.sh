@@ -174,7 +174,7 @@ fi
 # 4. The GPU test tier (TESTS=0 skips it).
 if [ "${TESTS:-1}" = 0 ]; then
   say "the GPU test tier skipped (TESTS=0)"
-elif ninja -C build-gpu test_models test_cli test_io_input >> "$OUT/build.log" 2>&1; then
+elif ninja -C build-gpu test_models test_cli test_cli_mpi test_io_input >> "$OUT/build.log" 2>&1; then
   say "built the tests"
   say "$(readelf -d build-gpu/seqrec | grep NEEDED | head -4 | tr -s ' ' | tr '\n' ' ')"
   build-gpu/tests/io/test_io_input --gtest_filter='Toolchain*:RemoveTree*' > "$OUT/tests.log" 2>&1
@@ -186,6 +186,9 @@ elif ninja -C build-gpu test_models test_cli test_io_input >> "$OUT/build.log" 2
   fi
   timeout "$(left)" build-gpu/tests/e2e/test_cli --gtest_filter="${GPU_TESTS:-*Cuda*:*Device*}" >> "$OUT/tests.log" 2>&1
   say "test_cli (GPU tier): rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/tests.log" | tail -2 | tr '\n' ' ')"
+  # Data parallel on CUDA devices over MPI (two ranks sharing the one GPU).
+  timeout "$(left)" build-gpu/tests/e2e/test_cli_mpi --gtest_filter='*Cuda*' >> "$OUT/tests.log" 2>&1
+  say "test_cli_mpi (GPU tier): rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/tests.log" | tail -2 | tr '\n' ' ')"
 else
   grep -B3 -A12 -m5 "error" "$OUT/build.log" | head -60
   say "the tests did not build"

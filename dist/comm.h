@@ -22,7 +22,9 @@ class Comm {
   virtual int local_rank() const { return 0; }
   virtual int local_size() const { return 1; }
 
-  // In place, on contiguous CPU tensors (float32/float64/int32/int64/uint8).
+  // In place, on contiguous tensors (float32/float64/int32/int64/uint8). The MPI backend moves
+  // host memory: a tensor on a GPU is staged through a host copy (and all_gather's and
+  // all_to_all's results come back on the input's device).
   virtual void all_reduce(at::Tensor& t, ReduceOp op = ReduceOp::kSum) = 0;
   virtual void broadcast(at::Tensor& t, int root) = 0;
   // Returns a tensor of shape [size(), *t.shape] holding every rank's t.
@@ -34,9 +36,10 @@ class Comm {
   // concatenated in rank order, shape [sum(recv_counts), *send.shape[1:]], same dtype.
   // send_counts has size() entries summing to send.size(0). The counts are exchanged first and
   // written to *recv_counts when it is non-null. Collective: every rank calls it, each with its own counts.
-  // `send` is a contiguous tensor of at least one dimension (CPU for MPI) of dtype float32,
-  // float64, int32, int64, uint8, bool, bfloat16 or float16; every rank passes the same dtype
-  // and the same trailing shape. Rows are moved as bytes, so the result is bit-exact.
+  // `send` is a contiguous tensor of at least one dimension (on a GPU: staged through the host
+  // under MPI) of dtype float32, float64, int32, int64, uint8, bool, bfloat16 or float16; every
+  // rank passes the same dtype and the same trailing shape. Rows are moved as bytes, so the
+  // result is bit-exact.
   // Errors: a bad argument throws std::invalid_argument before this rank communicates, so
   // like the other collectives the caller must validate collectively (if only one rank's
   // arguments are bad the others block in the exchange). Disagreement between ranks (dtype,

@@ -1,4 +1,6 @@
-// The MPI backend on CPU tensors (Open MPI; any MPI-3 library).
+// The MPI backend (Open MPI; any MPI-3 library). MPI moves host memory: a tensor on another
+// device (a GPU) is staged through a host copy, which is what lets several GPU processes train
+// data-parallel over MPI (slower than NCCL, which moves device memory itself, but on any MPI).
 // Only the C API: keeps the deprecated C++ bindings (and their library) out.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
@@ -61,8 +63,7 @@ MPI_Op mpi_op(ReduceOp op) {
   return MPI_SUM;
 }
 
-void require_cpu_contiguous(const at::Tensor& t, const char* what) {
-  if (!t.device().is_cpu()) throw std::invalid_argument(std::string(what) + ": the MPI backend needs CPU tensors");
+void require_contiguous(const at::Tensor& t, const char* what) {
   if (!t.is_contiguous()) throw std::invalid_argument(std::string(what) + ": tensor must be contiguous");
 }
 
@@ -128,22 +129,37 @@ class MpiComm : public Comm {
   std::string backend() const override { return "mpi"; }
 
   void all_reduce(at::Tensor& t, ReduceOp op) override {
-    require_cpu_contiguous(t, "all_reduce");
+    require_contiguous(t, "all_reduce");
+    if (!t.device().is_cpu()) {
+      // The copies wait for the device's queued work (the values are final) and the result
+      // lands before any later work on the tensor.
+      auto host = t.to(at::kCPU);
+      all_reduce(host, op);
+      t.copy_(host);
+      return;
+    }
     auto* base = static_cast<char*>(t.data_ptr());
     chunked(t.numel(), t.element_size(), [&](size_t byte_off, int count) {
       MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, base + byte_off, count, mpi_type(t), mpi_op(op), comm_));
     });
   }
   void broadcast(at::Tensor& t, int root) override {
-    require_cpu_contiguous(t, "broadcast");
+    require_contiguous(t, "broadcast");
     if (root < 0 || root >= size_) throw std::invalid_argument("broadcast root " + std::to_string(root) + " out of range");
+    if (!t.device().is_cpu()) {
+      auto host = t.to(at::kCPU);
+      broadcast(host, root);
+      t.copy_(host);
+      return;
+    }
     auto* base = static_cast<char*>(t.data_ptr());
     chunked(t.numel(), t.element_size(), [&](size_t byte_off, int count) {
       MPI_CHECK(MPI_Bcast(base + byte_off, count, mpi_type(t), root, comm_));
     });
   }
   at::Tensor all_gather(const at::Tensor& t) override {
-    require_cpu_contiguous(t, "all_gather");
+    require_contiguous(t, "all_gather");
+    if (!t.device().is_cpu()) return all_gather(t.to(at::kCPU)).to(t.device());
     std::vector<int64_t> shape{size_};
     for (auto s : t.sizes()) shape.push_back(s);
     auto out = torch::empty(shape, t.options());
@@ -156,7 +172,8 @@ class MpiComm : public Comm {
                         std::vector<int64_t>* recv_counts) override {
     // Argument errors throw here, before this rank takes part in any communication.
     check_all_to_all_args(send, send_counts);
-    require_cpu_contiguous(send, "all_to_all");
+    require_contiguous(send, "all_to_all");
+    if (!send.device().is_cpu()) return all_to_all(send.to(at::kCPU), send_counts, recv_counts).to(send.device());
     const auto trailing = send.sizes().slice(1);
     const int64_t row_bytes = c10::multiply_integers(trailing) * static_cast<int64_t>(send.element_size());
 

@@ -8,6 +8,7 @@
 #include "seqrec_config.h"
 #if SEQREC_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #endif
 
 namespace seqrec::train {
@@ -38,6 +39,13 @@ void check_device_usable(const at::Device& device, const std::string& text) {
   if (device.index() >= count)
     throw std::invalid_argument("--device " + text + ": this machine has " + std::to_string(count) +
                                 " CUDA device(s), numbered from 0");
+}
+
+void use_device(const at::Device& device) {
+#if SEQREC_HAVE_CUDA
+  if (device.is_cuda()) c10::cuda::set_device(device.index());
+#endif
+  (void)device;
 }
 
 namespace {

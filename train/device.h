@@ -14,6 +14,9 @@ namespace seqrec::train {
 // no visible device, N out of range.
 at::Device parse_device_name(const std::string& text);
 void check_device_usable(const at::Device& device, const std::string& text);
+// Makes a CUDA device this process's current one (where tensors made without an index go);
+// nothing for the CPU.
+void use_device(const at::Device& device);
 
 // The default generator of a CUDA device (dropout and other in-model randomness there); no-ops
 // and an undefined state on the CPU, whose generator the trainer keeps itself.

@@ -475,14 +475,16 @@ void inject_divergence(models::SequenceModel& model, const DivergeFault& f) {
   fault_target(model, f).view(-1)[0] += 1e-3;
 }
 
-// --device for a run of `world` ranks. A CUDA run is one process on one device for now: the
-// MPI backend moves host tensors, and the NCCL backend (DESIGN.md) is not built yet.
-at::Device run_device(const std::string& text, int world) {
-  const at::Device device = parse_device_name(text);
-  if (!device.is_cpu() && world > 1)
-    throw std::invalid_argument("--device " + text + " runs on one rank; this run has " + std::to_string(world) +
-                                " (data parallelism across GPUs needs the NCCL backend, not built yet)");
+// --device for this rank. Several ranks on CUDA spread over their node's devices: "cuda" puts
+// local rank r on device r mod the visible count (one GPU per rank where the node has enough,
+// ranks sharing one where it has fewer), "cuda:N" puts every rank on device N. Their
+// collectives run on the MPI backend, staged through host memory (dist/comm.h).
+at::Device run_device(const std::string& text, const dist::Comm& comm) {
+  at::Device device = parse_device_name(text);
   check_device_usable(device, text);
+  if (device.is_cuda() && comm.size() > 1 && text == "cuda")
+    device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(comm.local_rank() % torch::cuda::device_count()));
+  use_device(device);
   return device;
 }
 
@@ -836,7 +838,7 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
       double extra = 0;
       if (layout.ep && !sharded.empty()) {
         auto sq = torch::zeros({1}, torch::kFloat64);
-        for (auto& t : sharded) sq += t.grad().to(torch::kFloat64).pow(2).sum();
+        for (auto& t : sharded) sq += t.grad().to(torch::kFloat64).pow(2).sum().cpu();
         layout.ep->all_reduce(sq);
         extra = sq.item<double>();
       }
@@ -948,7 +950,7 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   // not at the first validation).
   const io::DatasetMeta meta = io::read_meta(o.data);
   check_protocol(o.select_protocol, meta);
-  const at::Device device = run_device(o.device, comm.size());  // fails before anything is written
+  const at::Device device = run_device(o.device, comm);  // fails before anything is written
   // A directory that holds a run's checkpoints belongs to that run: without --resume nothing
   // in it is touched, flags.txt and train.log included.
   if (o.resume.empty() && CheckpointManager({o.out + "/checkpoints", 1}, comm).latest())
@@ -986,7 +988,7 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
 void run_evaluation(const std::string& checkpoint_dir, const std::string& data, Split split,
                     const EvalProtocol& protocol, const EvalOptions& eval, dist::Comm& comm,
                     const std::string& device_name) {
-  const at::Device device = run_device(device_name, comm.size());
+  const at::Device device = run_device(device_name, comm);
   const std::string dir = resolve_checkpoint(checkpoint_dir, comm);
   CheckpointManager mgr({checkpoint_dir, 1}, comm);
   auto loaded = mgr.load(dir);
