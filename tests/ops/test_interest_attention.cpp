@@ -341,17 +341,18 @@ std::vector<at::Tensor> emulated_interest(const Inputs& in, const at::Tensor& ma
 }
 
 // Against the CPU's fused kernel, in double and float, over shapes that break the kernel's lanes
-// and chunks (Dh 1, 3, 33 and 40: lanes holding no, one and two dims; C 1, 4, 16 and L), left
-// and right padding (slots after the last real one still read the state), all-padding rows, a
-// single slot, logits spread over hundreds, and dropout with the mask the fused kernel draws.
-// What this cannot show (the device's shuffles, syncs, launch errors) is
+// and chunks (Dh 1, 3, 32, 33 and 40: lanes holding no, one and two dims; C 1, 4, 7, 16 and L;
+// LightSANs' k of 20), left and right padding (slots after the last real one still read the
+// state), all-padding rows, a single slot, logits spread over hundreds, and dropout with the mask
+// the fused kernel draws. What this cannot show (the device's shuffles, syncs, launch errors) is
 // CudaKernelMatchesCpuKernel's, on a GPU.
 TEST(CausalInterestAttention, CudaKernelLogicMatchesCpuKernel) {
   torch::manual_seed(27);
   struct Case { int64_t B, H, L, Dh, K; std::vector<int64_t> lengths; bool left; double spread; int64_t C; };
   const std::vector<Case> cases = {{1, 1, 1, 3, 1, {1}, true, 1, 4},           {2, 2, 7, 1, 3, {7, 2}, true, 1, 4},
                                    {3, 1, 37, 33, 5, {37, 20, 0}, true, 3, 16}, {2, 2, 29, 3, 4, {29, 11}, false, 2, 1},
-                                   {2, 1, 40, 40, 2, {40, 9}, false, 400, 40},  {2, 3, 21, 4, 6, {0, 21}, true, 200, 4}};
+                                   {2, 1, 40, 40, 2, {40, 9}, false, 400, 40},  {2, 3, 21, 4, 6, {0, 21}, true, 200, 4},
+                                   {2, 2, 50, 32, 20, {50, 13}, true, 2, 7}};
   for (const auto& c : cases)
     for (auto dtype : {torch::kFloat64, torch::kFloat32})
       for (double p : {0.0, 0.3}) {
