@@ -67,6 +67,18 @@ void require_contiguous(const at::Tensor& t, const char* what) {
   if (!t.is_contiguous()) throw std::invalid_argument(std::string(what) + ": tensor must be contiguous");
 }
 
+// An in-place collective on a tensor off the host (a GPU's): run on a host copy, then copied
+// back; false (nothing done) for a CPU tensor. The first copy waits for the device's queued work
+// on the tensor, and the result lands before any later work on it.
+template <typename F>
+bool staged_in_place(at::Tensor& t, F&& collective) {
+  if (t.device().is_cpu()) return false;
+  auto host = t.to(at::kCPU);
+  collective(host);
+  t.copy_(host);
+  return true;
+}
+
 // Counts above INT_MAX are sent in chunks (MPI counts are int).
 template <typename F>
 void chunked(int64_t numel, size_t elem, F&& fn) {
@@ -130,14 +142,7 @@ class MpiComm : public Comm {
 
   void all_reduce(at::Tensor& t, ReduceOp op) override {
     require_contiguous(t, "all_reduce");
-    if (!t.device().is_cpu()) {
-      // The copies wait for the device's queued work (the values are final) and the result
-      // lands before any later work on the tensor.
-      auto host = t.to(at::kCPU);
-      all_reduce(host, op);
-      t.copy_(host);
-      return;
-    }
+    if (staged_in_place(t, [&](at::Tensor& host) { all_reduce(host, op); })) return;
     auto* base = static_cast<char*>(t.data_ptr());
     chunked(t.numel(), t.element_size(), [&](size_t byte_off, int count) {
       MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, base + byte_off, count, mpi_type(t), mpi_op(op), comm_));
@@ -146,12 +151,7 @@ class MpiComm : public Comm {
   void broadcast(at::Tensor& t, int root) override {
     require_contiguous(t, "broadcast");
     if (root < 0 || root >= size_) throw std::invalid_argument("broadcast root " + std::to_string(root) + " out of range");
-    if (!t.device().is_cpu()) {
-      auto host = t.to(at::kCPU);
-      broadcast(host, root);
-      t.copy_(host);
-      return;
-    }
+    if (staged_in_place(t, [&](at::Tensor& host) { broadcast(host, root); })) return;
     auto* base = static_cast<char*>(t.data_ptr());
     chunked(t.numel(), t.element_size(), [&](size_t byte_off, int count) {
       MPI_CHECK(MPI_Bcast(base + byte_off, count, mpi_type(t), root, comm_));
