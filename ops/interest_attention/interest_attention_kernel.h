@@ -72,12 +72,13 @@ SEQREC_KERNEL_FN T tiny() {
   return static_cast<T>(1e-30);  // the CPU kernel's clamp of Z
 }
 
-// Zeros rows [rows, Dh], each lane the dims it owns (so no sync is needed before it uses them).
+// dst = src (zeros where src is null) over rows [rows, Dh], each lane the dims it owns, so that
+// no sync is needed before the lanes use them.
 template <typename T, class Warp>
-SEQREC_KERNEL_FN void zero_owned(Warp& warp, T* x, int64_t rows, int64_t Dh) {
+SEQREC_KERNEL_FN void copy_owned(Warp& warp, T* dst, const T* src, int64_t rows, int64_t Dh) {
   warp.each([&](int lane, NoState&) {
     for (int64_t j = 0; j < rows; ++j)
-      for (int64_t d = lane; d < Dh; d += kWarpSize) x[j * Dh + d] = T(0);
+      for (int64_t d = lane; d < Dh; d += kWarpSize) dst[j * Dh + d] = src ? src[j * Dh + d] : T(0);
   });
 }
 
@@ -135,14 +136,10 @@ SEQREC_KERNEL_FN void forward_row(Warp& warp, const Args<T>& a, int64_t bh) {
   const int64_t K = a.K, K2 = 2 * K, Dh = a.Dh, L = a.L;
   const int64_t chunks = (L + a.C - 1) / a.C;
   T* state = a.state + bh * K2 * Dh;
-  zero_owned(warp, state, K2, Dh);
+  copy_owned<T>(warp, state, nullptr, K2, Dh);
   for (int64_t t = 0; t < L; ++t) {
     if (a.ckpt && t % a.C == 0) {
-      T* saved = a.ckpt + (bh * chunks + t / a.C) * K2 * Dh;
-      warp.each([&](int lane, NoState&) {  // each lane copies the elements it owns
-        for (int64_t j = 0; j < K2; ++j)
-          for (int64_t d = lane; d < Dh; d += kWarpSize) saved[j * Dh + d] = state[j * Dh + d];
-      });
+      copy_owned<T>(warp, a.ckpt + (bh * chunks + t / a.C) * K2 * Dh, state, K2, Dh);
     }
     advance<T>(warp, a, bh, t, /*record=*/true);
     warp.sync();  // m_t, Z_t written by lane 0
@@ -276,18 +273,14 @@ SEQREC_KERNEL_FN void backward_row(Warp& warp, const Args<T>& a, int64_t bh) {
   T* state = a.state + bh * K2 * Dh;
   T* U = a.carry + bh * K2 * Dh;
   T* agg = a.agg + bh * C * K2 * Dh;
-  zero_owned(warp, U, K2, Dh);
+  copy_owned<T>(warp, U, nullptr, K2, Dh);
   warp.lead([&] {
     for (int64_t i = 0; i < 2 * K2; ++i) a.carry_c[bh * 2 * K2 + i] = T(0);
   });
   warp.sync();
   for (int64_t c = chunks - 1; c >= 0; --c) {
     const int64_t t0 = c * C, t1 = t0 + C < L ? t0 + C : L;
-    const T* saved = a.ckpt + (bh * chunks + c) * K2 * Dh;
-    warp.each([&](int lane, NoState&) {
-      for (int64_t j = 0; j < K2; ++j)
-        for (int64_t d = lane; d < Dh; d += kWarpSize) state[j * Dh + d] = saved[j * Dh + d];
-    });
+    copy_owned<T>(warp, state, a.ckpt + (bh * chunks + c) * K2 * Dh, K2, Dh);
     for (int64_t t = t0; t < t1; ++t) {
       advance<T>(warp, a, bh, t, /*record=*/false);
       const T* zt = a.z + (bh * L + t) * K2;
