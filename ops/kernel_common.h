@@ -91,6 +91,7 @@ inline unsigned row_blocks(int64_t rows, const char* op, const char* what) {
 // between lanes through memory calls it between the two).
 template <typename S>
 struct EmulatedWarp {
+  static constexpr int kLanes = kWarpSize;
   S lanes[kWarpSize];
 
   template <class F>
@@ -126,6 +127,33 @@ struct EmulatedWarp {
   }
 };
 
+// One lane that owns every element: a body written with Warp::kLanes strides (lane k takes
+// elements k, k + kLanes, ...) runs on the CPU as a plain loop, its sums in element order. What
+// a CPU kernel uses to run a CUDA kernel's body at CPU speed (the emulation is for testing).
+template <typename S>
+struct SerialWarp {
+  static constexpr int kLanes = 1;
+  S state;
+
+  template <class F>
+  void each(F&& f) {
+    f(0, state);
+  }
+  template <class F>
+  void lead(F&& f) {
+    f();
+  }
+  void sync() {}
+  template <class F>
+  auto sum(F&& f) {
+    return f(0, state);
+  }
+  template <class F>
+  auto max(F&& f) {
+    return f(0, state);
+  }
+};
+
 #if defined(__CUDACC__)
 // In a kernel of kRowWarps rows per block: this warp's row, and this thread's lane in it.
 __device__ __forceinline__ int64_t warp_row() {
@@ -137,6 +165,7 @@ __device__ __forceinline__ int warp_lane() { return static_cast<int>(threadIdx.x
 // each sum and max (full-mask shuffles).
 template <typename S>
 struct DeviceWarp {
+  static constexpr int kLanes = kWarpSize;
   int lane;
   S state;
 

@@ -48,4 +48,16 @@ at::Tensor causal_interest_attention(const at::Tensor& q, const at::Tensor& k, c
                                      const at::Tensor& key_padding, double dropout, bool training,
                                      int64_t chunk = 0);
 
+namespace detail {
+// What causal_interest_attention runs on a CUDA device (the slot-by-slot scan of
+// interest_attention_kernel.h, behind the same autograd function, mask draw and buffers), run on
+// CPU float/double tensors with one lane per row: slower than the CPU's fused kernel, so no
+// model uses it; it lets a machine without a GPU test the device path's host side (the
+// emulation tests the kernel's lanes). Arguments as causal_interest_attention's, L > 0.
+at::Tensor causal_interest_attention_scan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                          const at::Tensor& logits_k, const at::Tensor& logits_v,
+                                          const at::Tensor& key_padding, double dropout, bool training,
+                                          int64_t chunk = 0);
+}  // namespace detail
+
 }  // namespace seqrec::ops

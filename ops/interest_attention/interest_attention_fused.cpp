@@ -26,6 +26,7 @@
 
 #include "ops/dropout/dropout.h"
 #include "ops/kernels.h"
+#include "ops/interest_attention/interest_attention_kernel.h"
 #include "seqrec_config.h"
 #if SEQREC_HAVE_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -515,13 +516,13 @@ struct CausalInterestAttention : public torch::autograd::Function<CausalInterest
   }
 };
 
-#if SEQREC_HAVE_CUDA
-// The same op on a CUDA device: interest_attention.cu's kernels, one warp per (sequence, head),
-// slot by slot (interest_attention_kernel.h). What the forward keeps for the backward: every
+// The slot-by-slot scan of interest_attention_kernel.h, one row per (sequence, head): on a CUDA
+// device interest_attention.cu's kernels (a warp per row), on the CPU the same row functions with
+// a one-lane warp, rows spread over the threads. What the forward keeps for the backward: every
 // slot's running maxima, normalisers and scores, and the state entering each chunk of C slots.
 // C only trades the checkpoints (L / C states) against the backward's scratch (C slots'
 // aggregates), so it is about sqrt(L) unless the caller names one.
-int64_t device_chunk(int64_t chunk, int64_t L) {
+int64_t scan_chunk(int64_t chunk, int64_t L) {
   const int64_t C = chunk > 0 ? chunk : std::llround(std::sqrt(static_cast<double>(L)));
   return std::clamp<int64_t>(C, 1, std::max<int64_t>(L, 1));
 }
@@ -529,7 +530,7 @@ int64_t device_chunk(int64_t chunk, int64_t L) {
 // The tensors of one call: q [B, H, L, Dh], k and v [B, L, D], a [B, L, 2k], pad [B, L] and
 // mask [B, H, L, k] (or undefined), contiguous, on one device; m, z [B·H, L, 2k] and
 // s [B·H, L, k] filled by the forward; ckpt [B·H, ceil(L / C), 2k, Dh] or undefined.
-struct DeviceCall {
+struct ScanCall {
   at::Tensor q, k, v, a, pad, mask, m, z, s, ckpt;
   int64_t K, C;
 
@@ -557,12 +558,36 @@ struct DeviceCall {
   }
 };
 
+#if SEQREC_HAVE_CUDA
 void* current_stream(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+#endif
 
-// The forward on the device: the output, with call.m, call.z, call.s (and call.ckpt when defined)
-// filled.
-at::Tensor device_forward(const DeviceCall& call) {
-  const c10::cuda::CUDAGuard guard(call.q.device());
+// Runs the forward (backward = false) or backward rows of `a` where `like` lives.
+template <typename T>
+void run_rows(const cuda::interest_kernel::Args<T>& a, bool backward, const at::Tensor& like) {
+#if SEQREC_HAVE_CUDA
+  if (like.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(like.device());
+    if (backward)
+      cuda::interest_attention_backward_launch<T>(a, current_stream(like));
+    else
+      cuda::interest_attention_forward_launch<T>(a, current_stream(like));
+    return;
+  }
+#endif
+  at::parallel_for(0, a.B * a.H, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      cuda::SerialWarp<cuda::interest_kernel::NoState> warp;
+      if (backward)
+        cuda::interest_kernel::backward_row<T>(warp, a, row);
+      else
+        cuda::interest_kernel::forward_row<T>(warp, a, row);
+    }
+  });
+}
+
+// The forward: the output, with call.m, call.z, call.s (and call.ckpt when defined) filled.
+at::Tensor run_scan_forward(const ScanCall& call) {
   const int64_t B = call.q.size(0), H = call.q.size(1), L = call.q.size(2), Dh = call.q.size(3);
   auto out = at::empty({B, H, L, Dh}, call.q.options());
   auto state = at::empty({B * H, 2 * call.K, Dh}, call.q.options());
@@ -570,15 +595,15 @@ at::Tensor device_forward(const DeviceCall& call) {
     auto a = call.args<scalar_t>();
     a.out = out.data_ptr<scalar_t>();
     a.state = state.data_ptr<scalar_t>();
-    cuda::interest_attention_forward_launch<scalar_t>(a, current_stream(call.q));
+    run_rows<scalar_t>(a, /*backward=*/false, call.q);
   });
   return out;
 }
 
-DeviceCall device_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& logits_k,
+ScanCall scan_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& logits_k,
                        const at::Tensor& logits_v, const at::Tensor& pad, const at::Tensor& mask, int64_t chunk,
                        bool keep_checkpoints) {
-  DeviceCall c;
+  ScanCall c;
   c.q = q.contiguous();
   c.k = k.contiguous();
   c.v = v.contiguous();
@@ -587,7 +612,7 @@ DeviceCall device_call(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   c.mask = mask.defined() ? mask.contiguous() : at::Tensor();
   c.K = logits_k.size(2);
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), Dh = q.size(3);
-  c.C = device_chunk(chunk, L);
+  c.C = scan_chunk(chunk, L);
   c.m = at::empty({B * H, L, 2 * c.K}, q.options());
   c.z = at::empty({B * H, L, 2 * c.K}, q.options());
   c.s = at::empty({B * H, L, c.K}, q.options());
@@ -595,12 +620,14 @@ DeviceCall device_call(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   return c;
 }
 
-struct CausalInterestAttentionCuda : public torch::autograd::Function<CausalInterestAttentionCuda> {
+struct CausalInterestScan : public torch::autograd::Function<CausalInterestScan> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& logits_k, const at::Tensor& logits_v, const at::Tensor& pad,
-                               const at::Tensor& mask, int64_t chunk) {
-    auto call = device_call(q, k, v, logits_k, logits_v, pad, mask, chunk, /*keep_checkpoints=*/true);
-    auto out = device_forward(call);
+                               double dropout, bool use_mask, int64_t chunk) {
+    at::Tensor mask;  // drawn here: an undefined tensor cannot be an input of an autograd Function
+    if (use_mask) mask = make_mask(q, logits_k.size(2), dropout, random_seed());
+    auto call = scan_call(q, k, v, logits_k, logits_v, pad, mask, chunk, /*keep_checkpoints=*/true);
+    auto out = run_scan_forward(call);
     ctx->save_for_backward({call.q, call.k, call.v, call.a, call.pad, call.mask, call.m, call.z, call.s, call.ckpt});
     ctx->saved_data["K"] = call.K;
     ctx->saved_data["C"] = call.C;
@@ -611,9 +638,8 @@ struct CausalInterestAttentionCuda : public torch::autograd::Function<CausalInte
     // Grad mode is on here only under create_graph: the kernels build no graph.
     TORCH_CHECK(!at::GradMode::is_enabled(), "causal_interest_attention does not support double backward");
     auto saved = ctx->get_saved_variables();
-    DeviceCall call{saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6], saved[7], saved[8], saved[9],
+    ScanCall call{saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6], saved[7], saved[8], saved[9],
                     ctx->saved_data["K"].toInt(), ctx->saved_data["C"].toInt()};
-    const c10::cuda::CUDAGuard guard(call.q.device());
     const int64_t B = call.q.size(0), H = call.q.size(1), L = call.q.size(2), Dh = call.q.size(3), K = call.K;
     const auto grad = grad_out[0].contiguous();
     auto gq = at::empty_like(call.q), gk = at::empty_like(call.k), gv = at::empty_like(call.v);
@@ -634,32 +660,30 @@ struct CausalInterestAttentionCuda : public torch::autograd::Function<CausalInte
       a.carry = carry.data_ptr<scalar_t>();
       a.carry_c = carry_c.data_ptr<scalar_t>();
       a.dp = dp.data_ptr<scalar_t>();
-      cuda::interest_attention_backward_launch<scalar_t>(a, current_stream(call.q));
+      run_rows<scalar_t>(a, /*backward=*/true, call.q);
     });
     // Each warp wrote its head's share of the logits' gradient.
     auto ga_sum = ga.view({B, H, L, 2 * K}).sum(1);
     at::Tensor gak, gav;
     if (ctx->needs_input_grad(3)) gak = ga_sum.narrow(2, 0, K);
     if (ctx->needs_input_grad(4)) gav = ga_sum.narrow(2, K, K);
-    return {gq, gk, gv, gak, gav, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {gq, gk, gv, gak, gav, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 // On a CUDA device (float, double): the kernels, with the dropout mask drawn as the CPU kernel
 // draws it (make_mask), so that one generator state drops the same probabilities on either device.
-at::Tensor device_causal_interest_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                            const at::Tensor& logits_k, const at::Tensor& logits_v,
-                                            const at::Tensor& pad, double dropout, bool use_mask, bool needs_grad,
-                                            int64_t chunk) {
-  at::Tensor mask;
-  if (use_mask) mask = make_mask(q, logits_k.size(2), dropout, random_seed());
+at::Tensor scan_causal_interest_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                          const at::Tensor& logits_k, const at::Tensor& logits_v, const at::Tensor& pad,
+                                          double dropout, bool use_mask, bool needs_grad, int64_t chunk) {
   if (!needs_grad) {
     torch::NoGradGuard no_grad;
-    return device_forward(device_call(q, k, v, logits_k, logits_v, pad, mask, chunk, /*keep_checkpoints=*/false));
+    at::Tensor mask;
+    if (use_mask) mask = make_mask(q, logits_k.size(2), dropout, random_seed());
+    return run_scan_forward(scan_call(q, k, v, logits_k, logits_v, pad, mask, chunk, /*keep_checkpoints=*/false));
   }
-  return CausalInterestAttentionCuda::apply(q, k, v, logits_k, logits_v, pad, mask, chunk)[0];
+  return CausalInterestScan::apply(q, k, v, logits_k, logits_v, pad, dropout, use_mask, chunk)[0];
 }
-#endif
 
 }  // namespace
 
@@ -697,11 +721,9 @@ at::Tensor causal_interest_attention(const at::Tensor& q, const at::Tensor& k, c
   const bool needs_grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() ||
                                                          v.requires_grad() || logits_k.requires_grad() ||
                                                          logits_v.requires_grad());
-#if SEQREC_HAVE_CUDA
   if (q.is_cuda())
-    return device_causal_interest_attention(q, k, v, logits_k, logits_v, key_padding, dropout, use_mask, needs_grad,
-                                            chunk);
-#endif
+    return scan_causal_interest_attention(q, k, v, logits_k, logits_v, key_padding, dropout, use_mask, needs_grad,
+                                          chunk);
   if (!needs_grad) {
     torch::NoGradGuard no_grad;
     auto P = make_plan(q, k, logits_k, chunk);
@@ -711,5 +733,23 @@ at::Tensor causal_interest_attention(const at::Tensor& q, const at::Tensor& k, c
   }
   return CausalInterestAttention::apply(q, k, v, logits_k, logits_v, key_padding, dropout, use_mask, chunk)[0];
 }
+
+namespace detail {
+at::Tensor causal_interest_attention_scan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                          const at::Tensor& logits_k, const at::Tensor& logits_v,
+                                          const at::Tensor& key_padding, double dropout, bool training,
+                                          int64_t chunk) {
+  TORCH_CHECK(q.device().is_cpu() && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble),
+              "causal_interest_attention_scan runs CPU float or double tensors (the device's path is "
+              "causal_interest_attention on a CUDA tensor)");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 3 && logits_k.dim() == 3 && k.size(1) == q.size(2) && q.size(2) > 0,
+              "q [B, H, L, Dh] with L > 0, k [B, L, D] and logits_k [B, L, k] expected");
+  const bool needs_grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() ||
+                                                         v.requires_grad() || logits_k.requires_grad() ||
+                                                         logits_v.requires_grad());
+  return scan_causal_interest_attention(q, k, v, logits_k, logits_v, key_padding, dropout, training && dropout > 0,
+                                        needs_grad, chunk);
+}
+}  // namespace detail
 
 }  // namespace seqrec::ops

@@ -78,7 +78,7 @@ template <typename T, class Warp>
 SEQREC_KERNEL_FN void copy_owned(Warp& warp, T* dst, const T* src, int64_t rows, int64_t Dh) {
   warp.each([&](int lane, NoState&) {
     for (int64_t j = 0; j < rows; ++j)
-      for (int64_t d = lane; d < Dh; d += kWarpSize) dst[j * Dh + d] = src ? src[j * Dh + d] : T(0);
+      for (int64_t d = lane; d < Dh; d += Warp::kLanes) dst[j * Dh + d] = src ? src[j * Dh + d] : T(0);
   });
 }
 
@@ -105,7 +105,7 @@ SEQREC_KERNEL_FN void advance(Warp& warp, const Args<T>& a, int64_t bh, int64_t 
     const T* x = (j < a.K ? a.k : a.v) + (b * a.L + t) * D + h * Dh;
     T* n = a.state + (bh * K2 + j) * Dh;
     warp.each([&](int lane, NoState&) {
-      for (int64_t d = lane; d < Dh; d += kWarpSize) n[d] = n[d] * e + w * x[d];
+      for (int64_t d = lane; d < Dh; d += Warp::kLanes) n[d] = n[d] * e + w * x[d];
     });
     if (record) warp.lead([&] {
         mt[j] = m_new;
@@ -150,7 +150,7 @@ SEQREC_KERNEL_FN void forward_row(Warp& warp, const Args<T>& a, int64_t bh) {
       const T* n = state + j * Dh;
       const T dot = warp.sum([&](int lane, NoState&) {
         T acc = T(0);
-        for (int64_t d = lane; d < Dh; d += kWarpSize) acc += qt[d] * n[d];
+        for (int64_t d = lane; d < Dh; d += Warp::kLanes) acc += qt[d] * n[d];
         return acc;
       });
       const T score = a.scale * dot / kmax(zt[j], tiny<T>());
@@ -160,11 +160,11 @@ SEQREC_KERNEL_FN void forward_row(Warp& warp, const Args<T>& a, int64_t bh) {
     const auto sm = softmax_of(st, K);
     T* o = a.out + (bh * L + t) * Dh;
     warp.each([&](int lane, NoState&) {
-      for (int64_t d = lane; d < Dh; d += kWarpSize) o[d] = T(0);
+      for (int64_t d = lane; d < Dh; d += Warp::kLanes) o[d] = T(0);
       for (int64_t j = 0; j < K; ++j) {
         const T r = sm.p(j) * a.keep(bh, t, j) / kmax(zt[K + j], tiny<T>());
         const T* n = state + (K + j) * Dh;
-        for (int64_t d = lane; d < Dh; d += kWarpSize) o[d] += r * n[d];
+        for (int64_t d = lane; d < Dh; d += Warp::kLanes) o[d] += r * n[d];
       }
     });
   }
@@ -195,7 +195,7 @@ SEQREC_KERNEL_FN void backward_slot(Warp& warp, const Args<T>& a, int64_t bh, in
     const T* aggv = agg_t + (K + j) * Dh;
     const T dpj = warp.sum([&](int lane, NoState&) {
       T acc = T(0);
-      for (int64_t d = lane; d < Dh; d += kWarpSize) acc += g[d] * aggv[d];
+      for (int64_t d = lane; d < Dh; d += Warp::kLanes) acc += g[d] * aggv[d];
       return acc;
     });
     warp.lead([&] { dp[j] = dpj; });
@@ -205,12 +205,11 @@ SEQREC_KERNEL_FN void backward_slot(Warp& warp, const Args<T>& a, int64_t bh, in
   for (int64_t j = 0; j < K; ++j) sig += sm.p(j) * a.keep(bh, t, j) * dp[j];
   auto ds = [&](int64_t j) { return sm.p(j) * (a.keep(bh, t, j) * dp[j] - sig); };
   warp.each([&](int lane, NoState&) {
-    for (int64_t d = lane; d < Dh; d += kWarpSize) {
-      T acc = T(0);
-      for (int64_t j = 0; j < K; ++j) acc += ds(j) * agg_t[j * Dh + d];
-      gq[d] = a.scale * acc;
-      gk[d] = T(0);
-      gv[d] = T(0);
+    for (int64_t d = lane; d < Dh; d += Warp::kLanes) gq[d] = gk[d] = gv[d] = T(0);
+    for (int64_t j = 0; j < K; ++j) {  // one softmax term per interest, then its dims
+      const T c = a.scale * ds(j);
+      const T* ag = agg_t + j * Dh;
+      for (int64_t d = lane; d < Dh; d += Warp::kLanes) gq[d] += c * ag[d];
     }
   });
 
@@ -222,7 +221,7 @@ SEQREC_KERNEL_FN void backward_slot(Warp& warp, const Args<T>& a, int64_t bh, in
     const T* src = key ? qt : g;
     if (mt[j] == -kinf<T>()) {  // no real slot up to t: nothing before it to pass anything to
       warp.each([&](int lane, NoState&) {
-        for (int64_t d = lane; d < Dh; d += kWarpSize) u[d] = T(0);
+        for (int64_t d = lane; d < Dh; d += Warp::kLanes) u[d] = T(0);
       });
       warp.lead([&] {
         c_here[j] = T(0);
@@ -235,12 +234,12 @@ SEQREC_KERNEL_FN void backward_slot(Warp& warp, const Args<T>& a, int64_t bh, in
     const T* ag = agg_t + j * Dh;
     const T gdot = warp.sum([&](int lane, NoState&) {
       T acc = T(0);
-      for (int64_t d = lane; d < Dh; d += kWarpSize) acc += coef * src[d] * ag[d];
+      for (int64_t d = lane; d < Dh; d += Warp::kLanes) acc += coef * src[d] * ag[d];
       return acc;
     });
     const T c = gdot * inv_z + f * c_next[j];
     warp.each([&](int lane, NoState&) {
-      for (int64_t d = lane; d < Dh; d += kWarpSize) u[d] = coef * src[d] * inv_z + f * u[d];
+      for (int64_t d = lane; d < Dh; d += Warp::kLanes) u[d] = coef * src[d] * inv_z + f * u[d];
     });
     T da = T(0);
     if (real) {
@@ -249,12 +248,12 @@ SEQREC_KERNEL_FN void backward_slot(Warp& warp, const Args<T>& a, int64_t bh, in
       T* gx = key ? gk : gv;
       const T xdot = warp.sum([&](int lane, NoState&) {
         T acc = T(0);
-        for (int64_t d = lane; d < Dh; d += kWarpSize) acc += x[d] * u[d];
+        for (int64_t d = lane; d < Dh; d += Warp::kLanes) acc += x[d] * u[d];
         return acc;
       });
       da = w * (xdot - c);
       warp.each([&](int lane, NoState&) {
-        for (int64_t d = lane; d < Dh; d += kWarpSize) gx[d] += w * u[d];
+        for (int64_t d = lane; d < Dh; d += Warp::kLanes) gx[d] += w * u[d];
       });
     }
     warp.lead([&] {
@@ -288,7 +287,7 @@ SEQREC_KERNEL_FN void backward_row(Warp& warp, const Args<T>& a, int64_t bh) {
       warp.each([&](int lane, NoState&) {
         for (int64_t j = 0; j < K2; ++j) {
           const T inv = T(1) / kmax(zt[j], tiny<T>());
-          for (int64_t d = lane; d < Dh; d += kWarpSize) row[j * Dh + d] = state[j * Dh + d] * inv;
+          for (int64_t d = lane; d < Dh; d += Warp::kLanes) row[j * Dh + d] = state[j * Dh + d] * inv;
         }
       });
     }

@@ -388,6 +388,52 @@ TEST(CausalInterestAttention, CudaKernelLogicMatchesCpuKernel) {
       }
 }
 
+// The device's path (detail::causal_interest_attention_scan: the kernel's row functions behind
+// the same autograd function, buffers and mask draw as on a GPU) on the CPU against the fused CPU
+// kernel: values, the five gradients, dropout under one generator state, the no-grad path, and
+// the generator left where the fused op leaves it. What a GPU adds is CudaKernelMatchesCpuKernel's.
+TEST(CausalInterestAttention, DevicePathOnTheCpuMatchesFusedKernel) {
+  torch::manual_seed(30);
+  struct Case { int64_t B, H, L, Dh, K; std::vector<int64_t> lengths; bool left; double spread; int64_t chunk; };
+  const std::vector<Case> cases = {{1, 1, 1, 3, 1, {1}, true, 1, 0},            {2, 2, 7, 2, 3, {7, 2}, true, 1, 3},
+                                   {3, 1, 67, 4, 5, {67, 33, 0}, true, 400, 0}, {2, 2, 30, 3, 4, {30, 11}, false, 2, 1},
+                                   {2, 2, 50, 32, 20, {50, 13}, true, 2, 64}};
+  for (const auto& c : cases)
+    for (auto dtype : {torch::kFloat64, torch::kFloat32})
+      for (double p : {0.0, 0.3}) {
+        auto in = make_inputs(c.B, c.H, c.L, c.Dh, c.K, c.lengths, c.spread, dtype, true);
+        in.pad = padding_mask(c.lengths, c.L, c.left);
+        auto g = torch::randn({c.B, c.H, c.L, c.Dh}, dtype);
+        torch::manual_seed(7);
+        auto want = fused(in, 0, p, p > 0);
+        auto want_next = torch::rand({2});
+        auto g_want = torch::autograd::grad({want}, in.all(), {g});
+        torch::manual_seed(7);
+        auto got = seqrec::ops::detail::causal_interest_attention_scan(in.q, in.k, in.v, in.ak, in.av, in.pad, p, p > 0, c.chunk);
+        auto got_next = torch::rand({2});
+        auto g_got = torch::autograd::grad({got}, in.all(), {g});
+        std::ostringstream where;
+        where << "B=" << c.B << " H=" << c.H << " L=" << c.L << " Dh=" << c.Dh << " K=" << c.K << " chunk=" << c.chunk
+              << (dtype == torch::kFloat64 ? " double" : " float") << " dropout " << p;
+        EXPECT_NE(got.grad_fn()->name().find("CausalInterestScan"), std::string::npos) << where.str();
+        EXPECT_TRUE(torch::equal(got_next, want_next)) << where.str() << ": another number of generator draws";
+        const double tol = dtype == torch::kFloat64 ? 1e-9 : 2e-4;
+        auto close = [&](const at::Tensor& x, const at::Tensor& y) {
+          return torch::isfinite(x).all().item<bool>() &&
+                 max_err(x, y) <= tol * std::max(1.0, y.abs().max().item<double>());
+        };
+        EXPECT_TRUE(close(got, want.detach())) << where.str() << " out, max err " << max_err(got, want);
+        const char* names[] = {"q", "k", "v", "logits_k", "logits_v"};
+        for (size_t i = 0; i < 5; ++i)
+          EXPECT_TRUE(close(g_got[i], g_want[i])) << where.str() << " grad " << names[i] << ", max err "
+                                                  << max_err(g_got[i], g_want[i]);
+        torch::NoGradGuard no_grad;
+        torch::manual_seed(7);
+        auto plain = seqrec::ops::detail::causal_interest_attention_scan(in.q, in.k, in.v, in.ak, in.av, in.pad, p, p > 0, c.chunk);
+        EXPECT_TRUE(torch::equal(plain, got.detach())) << where.str() << " no-grad path";
+      }
+}
+
 // The CUDA kernels (what causal_interest_attention runs on a CUDA device) against the CPU's fused
 // kernel on the same inputs: values and every gradient, float and double, the emulation's
 // shapes plus LightSANs' ML-1M shape (B 64, L 200, d 64 in 2 heads, k 20) and a long row
@@ -427,7 +473,7 @@ TEST(CausalInterestAttention, CudaKernelMatchesCpuKernel) {
         where << "B=" << c.B << " H=" << c.H << " L=" << c.L << " Dh=" << c.Dh << " K=" << c.K << " chunk=" << c.chunk
               << (dtype == torch::kFloat64 ? " double" : " float") << " dropout " << p;
         ASSERT_TRUE(got.is_cuda()) << where.str();
-        EXPECT_NE(got.grad_fn()->name().find("CausalInterestAttentionCuda"), std::string::npos)
+        EXPECT_NE(got.grad_fn()->name().find("CausalInterestScan"), std::string::npos)
             << where.str() << ": " << got.grad_fn()->name();
         // As in the emulation (the device's shuffles sum as the emulated butterfly does).
         const double tol = dtype == torch::kFloat64 ? 1e-9 : 2e-4;
