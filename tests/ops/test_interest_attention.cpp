@@ -284,6 +284,52 @@ TEST(CausalInterestAttention, CausalBitExactAndPaddingIsolated) {
   }
 }
 
+// ---- the scan of interest_attention_kernel.h (the CUDA kernels and the device path) ----
+
+// A shape for the scan's checks; `chunk` is its checkpoint interval (0: the op's choice).
+struct ScanCase {
+  int64_t B, H, L, Dh, K;
+  std::vector<int64_t> lengths;
+  bool left;  // padding before the real slots (else after: slots after the last real one)
+  double spread;
+  int64_t chunk;
+};
+
+// Shapes that break the kernel's lanes and chunks: Dh 1, 3, 32, 33 and 40 (lanes holding no, one
+// and two dims), chunks of 1, 4, 7, 16 and L, left and right padding, all-padding rows, a single
+// slot, logits spread over hundreds, and LightSANs' k of 20.
+std::vector<ScanCase> scan_cases() {
+  return {{1, 1, 1, 3, 1, {1}, true, 1, 4},           {2, 2, 7, 1, 3, {7, 2}, true, 1, 4},
+          {3, 1, 37, 33, 5, {37, 20, 0}, true, 3, 16}, {2, 2, 29, 3, 4, {29, 11}, false, 2, 1},
+          {2, 1, 40, 40, 2, {40, 9}, false, 400, 40},  {2, 3, 21, 4, 6, {0, 21}, true, 200, 4},
+          {2, 2, 50, 32, 20, {50, 13}, true, 2, 7}};
+}
+
+std::string describe(const ScanCase& c, torch::Dtype dtype, double p) {
+  std::ostringstream s;
+  s << "B=" << c.B << " H=" << c.H << " L=" << c.L << " Dh=" << c.Dh << " K=" << c.K << " chunk=" << c.chunk
+    << (c.left ? " left" : " right") << " spread " << c.spread << (dtype == torch::kFloat64 ? " double" : " float")
+    << " dropout " << p;
+  return s.str();
+}
+
+// The scan's output and five gradients against the fused CPU kernel's. Float: the scan sums
+// slot by slot (and across lanes), the CPU kernel in chunks and GEMMs; relative to each
+// tensor's largest value both are within a few hundred ulp.
+void expect_scan_close(const at::Tensor& out, const std::vector<at::Tensor>& grads, const at::Tensor& want,
+                       const std::vector<at::Tensor>& g_want, torch::Dtype dtype, const std::string& where) {
+  const double tol = dtype == torch::kFloat64 ? 1e-9 : 2e-4;
+  auto close = [&](const at::Tensor& x_in, const at::Tensor& y) {
+    auto x = x_in.detach().cpu();
+    return torch::isfinite(x).all().item<bool>() && max_err(x, y) <= tol * std::max(1.0, y.abs().max().item<double>());
+  };
+  EXPECT_TRUE(close(out, want.detach())) << where << " out, max err " << max_err(out.detach().cpu(), want);
+  const char* names[] = {"q", "k", "v", "logits_k", "logits_v"};
+  for (size_t i = 0; i < 5; ++i)
+    EXPECT_TRUE(close(grads[i], g_want[i]))
+        << where << " grad " << names[i] << ", max err " << max_err(grads[i].cpu(), g_want[i]);
+}
+
 // The CUDA kernels' row functions (interest_attention_kernel.h) on the CPU with an emulated warp:
 // out and the gradients of q, k, v and both logits for the output gradient g, given the dropout
 // keep mask (or none) and the kernel's chunk C. Outputs, gradients and the kept rows start as
@@ -340,20 +386,12 @@ std::vector<at::Tensor> emulated_interest(const Inputs& in, const at::Tensor& ma
   return {out, gq, gk, gv, ga_sum.narrow(2, 0, K), ga_sum.narrow(2, K, K)};
 }
 
-// Against the CPU's fused kernel, in double and float, over shapes that break the kernel's lanes
-// and chunks (Dh 1, 3, 32, 33 and 40: lanes holding no, one and two dims; C 1, 4, 7, 16 and L;
-// LightSANs' k of 20), left and right padding (slots after the last real one still read the
-// state), all-padding rows, a single slot, logits spread over hundreds, and dropout with the mask
-// the fused kernel draws. What this cannot show (the device's shuffles, syncs, launch errors) is
-// CudaKernelMatchesCpuKernel's, on a GPU.
+// Against the CPU's fused kernel, in double and float, over scan_cases(), with and without
+// dropout (the mask the fused kernel draws). What this cannot show (the device's shuffles,
+// syncs, launch errors) is CudaKernelMatchesCpuKernel's, on a GPU.
 TEST(CausalInterestAttention, CudaKernelLogicMatchesCpuKernel) {
   torch::manual_seed(27);
-  struct Case { int64_t B, H, L, Dh, K; std::vector<int64_t> lengths; bool left; double spread; int64_t C; };
-  const std::vector<Case> cases = {{1, 1, 1, 3, 1, {1}, true, 1, 4},           {2, 2, 7, 1, 3, {7, 2}, true, 1, 4},
-                                   {3, 1, 37, 33, 5, {37, 20, 0}, true, 3, 16}, {2, 2, 29, 3, 4, {29, 11}, false, 2, 1},
-                                   {2, 1, 40, 40, 2, {40, 9}, false, 400, 40},  {2, 3, 21, 4, 6, {0, 21}, true, 200, 4},
-                                   {2, 2, 50, 32, 20, {50, 13}, true, 2, 7}};
-  for (const auto& c : cases)
+  for (const auto& c : scan_cases())
     for (auto dtype : {torch::kFloat64, torch::kFloat32})
       for (double p : {0.0, 0.3}) {
         auto in = make_inputs(c.B, c.H, c.L, c.Dh, c.K, c.lengths, c.spread, dtype, true);
@@ -367,24 +405,9 @@ TEST(CausalInterestAttention, CudaKernelLogicMatchesCpuKernel) {
         }
         auto want = fused(in, 0, p, p > 0);
         auto g_want = torch::autograd::grad({want}, in.all(), {g});
-        auto got = dtype == torch::kFloat64 ? emulated_interest<double>(in, mask, g, c.C)
-                                            : emulated_interest<float>(in, mask, g, c.C);
-        std::ostringstream where;
-        where << "B=" << c.B << " H=" << c.H << " L=" << c.L << " Dh=" << c.Dh << " K=" << c.K << " C=" << c.C
-              << (c.left ? " left" : " right") << " spread " << c.spread << (dtype == torch::kFloat64 ? " double" : " float")
-              << " dropout " << p;
-        // Float: the kernel sums slot by slot and across lanes, the CPU kernel in chunks and GEMMs;
-        // relative to each tensor's largest value both are within a few hundred ulp.
-        const double tol = dtype == torch::kFloat64 ? 1e-9 : 2e-4;
-        auto close = [&](const at::Tensor& x, const at::Tensor& y) {
-          return torch::isfinite(x).all().item<bool>() &&
-                 max_err(x, y) <= tol * std::max(1.0, y.abs().max().item<double>());
-        };
-        EXPECT_TRUE(close(got[0], want.detach())) << where.str() << " out, max err " << max_err(got[0], want);
-        const char* names[] = {"q", "k", "v", "logits_k", "logits_v"};
-        for (size_t i = 0; i < 5; ++i)
-          EXPECT_TRUE(close(got[i + 1], g_want[i]))
-              << where.str() << " grad " << names[i] << ", max err " << max_err(got[i + 1], g_want[i]);
+        auto got = dtype == torch::kFloat64 ? emulated_interest<double>(in, mask, g, c.chunk)
+                                            : emulated_interest<float>(in, mask, g, c.chunk);
+        expect_scan_close(got[0], {got.begin() + 1, got.end()}, want, g_want, dtype, describe(c, dtype, p));
       }
 }
 
@@ -394,43 +417,32 @@ TEST(CausalInterestAttention, CudaKernelLogicMatchesCpuKernel) {
 // the generator left where the fused op leaves it. What a GPU adds is CudaKernelMatchesCpuKernel's.
 TEST(CausalInterestAttention, DevicePathOnTheCpuMatchesFusedKernel) {
   torch::manual_seed(30);
-  struct Case { int64_t B, H, L, Dh, K; std::vector<int64_t> lengths; bool left; double spread; int64_t chunk; };
-  const std::vector<Case> cases = {{1, 1, 1, 3, 1, {1}, true, 1, 0},            {2, 2, 7, 2, 3, {7, 2}, true, 1, 3},
-                                   {3, 1, 67, 4, 5, {67, 33, 0}, true, 400, 0}, {2, 2, 30, 3, 4, {30, 11}, false, 2, 1},
-                                   {2, 2, 50, 32, 20, {50, 13}, true, 2, 64}};
-  for (const auto& c : cases)
+  for (auto c : scan_cases())
     for (auto dtype : {torch::kFloat64, torch::kFloat32})
       for (double p : {0.0, 0.3}) {
+        if (c.chunk == 4) c.chunk = 0;  // the op's own choice too
         auto in = make_inputs(c.B, c.H, c.L, c.Dh, c.K, c.lengths, c.spread, dtype, true);
         in.pad = padding_mask(c.lengths, c.L, c.left);
         auto g = torch::randn({c.B, c.H, c.L, c.Dh}, dtype);
+        auto scan = [&] {
+          return seqrec::ops::detail::causal_interest_attention_scan(in.q, in.k, in.v, in.ak, in.av, in.pad, p, p > 0,
+                                                                     c.chunk);
+        };
         torch::manual_seed(7);
         auto want = fused(in, 0, p, p > 0);
         auto want_next = torch::rand({2});
         auto g_want = torch::autograd::grad({want}, in.all(), {g});
         torch::manual_seed(7);
-        auto got = seqrec::ops::detail::causal_interest_attention_scan(in.q, in.k, in.v, in.ak, in.av, in.pad, p, p > 0, c.chunk);
+        auto got = scan();
         auto got_next = torch::rand({2});
         auto g_got = torch::autograd::grad({got}, in.all(), {g});
-        std::ostringstream where;
-        where << "B=" << c.B << " H=" << c.H << " L=" << c.L << " Dh=" << c.Dh << " K=" << c.K << " chunk=" << c.chunk
-              << (dtype == torch::kFloat64 ? " double" : " float") << " dropout " << p;
-        EXPECT_NE(got.grad_fn()->name().find("CausalInterestScan"), std::string::npos) << where.str();
-        EXPECT_TRUE(torch::equal(got_next, want_next)) << where.str() << ": another number of generator draws";
-        const double tol = dtype == torch::kFloat64 ? 1e-9 : 2e-4;
-        auto close = [&](const at::Tensor& x, const at::Tensor& y) {
-          return torch::isfinite(x).all().item<bool>() &&
-                 max_err(x, y) <= tol * std::max(1.0, y.abs().max().item<double>());
-        };
-        EXPECT_TRUE(close(got, want.detach())) << where.str() << " out, max err " << max_err(got, want);
-        const char* names[] = {"q", "k", "v", "logits_k", "logits_v"};
-        for (size_t i = 0; i < 5; ++i)
-          EXPECT_TRUE(close(g_got[i], g_want[i])) << where.str() << " grad " << names[i] << ", max err "
-                                                  << max_err(g_got[i], g_want[i]);
+        const std::string where = describe(c, dtype, p);
+        EXPECT_NE(got.grad_fn()->name().find("CausalInterestScan"), std::string::npos) << where;
+        EXPECT_TRUE(torch::equal(got_next, want_next)) << where << ": another number of generator draws";
+        expect_scan_close(got, g_got, want, g_want, dtype, where);
         torch::NoGradGuard no_grad;
         torch::manual_seed(7);
-        auto plain = seqrec::ops::detail::causal_interest_attention_scan(in.q, in.k, in.v, in.ak, in.av, in.pad, p, p > 0, c.chunk);
-        EXPECT_TRUE(torch::equal(plain, got.detach())) << where.str() << " no-grad path";
+        EXPECT_TRUE(torch::equal(scan(), got.detach())) << where << " no-grad path";
       }
 }
 
@@ -442,11 +454,8 @@ TEST(CausalInterestAttention, DevicePathOnTheCpuMatchesFusedKernel) {
 TEST(CausalInterestAttention, CudaKernelMatchesCpuKernel) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: this check runs on a GPU machine";
   torch::manual_seed(28);
-  struct Case { int64_t B, H, L, Dh, K; std::vector<int64_t> lengths; bool left; double spread; int64_t chunk; };
-  std::vector<Case> cases = {{1, 1, 1, 3, 1, {1}, true, 1, 0},           {2, 2, 7, 1, 3, {7, 2}, true, 1, 4},
-                             {3, 1, 37, 33, 5, {37, 20, 0}, true, 3, 16}, {2, 2, 29, 3, 4, {29, 11}, false, 2, 1},
-                             {2, 1, 40, 40, 2, {40, 9}, false, 400, 0},   {2, 3, 21, 4, 6, {0, 21}, true, 200, 4},
-                             {2, 2, 1000, 32, 20, {1000, 517}, true, 3, 0}};
+  auto cases = scan_cases();
+  cases.push_back({2, 2, 1000, 32, 20, {1000, 517}, true, 3, 0});
   std::vector<int64_t> ml1m(64);
   for (int64_t b = 0; b < 64; ++b) ml1m[b] = b % 8 == 0 ? 3 : 200 - 3 * b;
   cases.push_back({64, 2, 200, 32, 20, ml1m, true, 2, 0});
@@ -469,22 +478,14 @@ TEST(CausalInterestAttention, CudaKernelMatchesCpuKernel) {
         };
         auto [want, g_want, plain_want] = run_on(torch::kCPU);
         auto [got, g_got, plain_got] = run_on(torch::kCUDA);
-        std::ostringstream where;
-        where << "B=" << c.B << " H=" << c.H << " L=" << c.L << " Dh=" << c.Dh << " K=" << c.K << " chunk=" << c.chunk
-              << (dtype == torch::kFloat64 ? " double" : " float") << " dropout " << p;
-        ASSERT_TRUE(got.is_cuda()) << where.str();
+        const std::string where = describe(c, dtype, p);
+        ASSERT_TRUE(got.is_cuda()) << where;
         EXPECT_NE(got.grad_fn()->name().find("CausalInterestScan"), std::string::npos)
-            << where.str() << ": " << got.grad_fn()->name();
+            << where << ": " << got.grad_fn()->name();
         // As in the emulation (the device's shuffles sum as the emulated butterfly does).
-        const double tol = dtype == torch::kFloat64 ? 1e-9 : 2e-4;
-        auto close = [&](const at::Tensor& x, const at::Tensor& y) {
-          return max_err(x.cpu(), y) <= tol * std::max(1.0, y.abs().max().item<double>());
-        };
-        EXPECT_TRUE(close(got, want)) << where.str() << " out";
-        EXPECT_TRUE(torch::equal(plain_got.cpu(), got.detach().cpu())) << where.str() << " no-grad path";
-        EXPECT_TRUE(close(plain_want, want.detach())) << where.str() << " CPU no-grad path";
-        const char* names[] = {"q", "k", "v", "logits_k", "logits_v"};
-        for (size_t i = 0; i < 5; ++i) EXPECT_TRUE(close(g_got[i], g_want[i])) << where.str() << " grad " << names[i];
+        expect_scan_close(got, g_got, want, g_want, dtype, where);
+        EXPECT_TRUE(torch::equal(plain_got.cpu(), got.detach().cpu())) << where << " no-grad path";
+        EXPECT_TRUE(torch::allclose(plain_want, want.detach())) << where << " CPU no-grad path";
       }
 }
 
