@@ -591,7 +591,7 @@ at::Tensor run_scan_forward(const ScanCall& call) {
   const int64_t B = call.q.size(0), H = call.q.size(1), L = call.q.size(2), Dh = call.q.size(3);
   auto out = at::empty({B, H, L, Dh}, call.q.options());
   auto state = at::empty({B * H, 2 * call.K, Dh}, call.q.options());
-  AT_DISPATCH_FLOATING_TYPES(call.q.scalar_type(), "causal_interest_attention_cuda", [&] {
+  AT_DISPATCH_FLOATING_TYPES(call.q.scalar_type(), "causal_interest_scan", [&] {
     auto a = call.args<scalar_t>();
     a.out = out.data_ptr<scalar_t>();
     a.state = state.data_ptr<scalar_t>();
@@ -601,8 +601,8 @@ at::Tensor run_scan_forward(const ScanCall& call) {
 }
 
 ScanCall scan_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& logits_k,
-                       const at::Tensor& logits_v, const at::Tensor& pad, const at::Tensor& mask, int64_t chunk,
-                       bool keep_checkpoints) {
+                   const at::Tensor& logits_v, const at::Tensor& pad, const at::Tensor& mask, int64_t chunk,
+                   bool keep_checkpoints) {
   ScanCall c;
   c.q = q.contiguous();
   c.k = k.contiguous();
@@ -639,7 +639,7 @@ struct CausalInterestScan : public torch::autograd::Function<CausalInterestScan>
     TORCH_CHECK(!at::GradMode::is_enabled(), "causal_interest_attention does not support double backward");
     auto saved = ctx->get_saved_variables();
     ScanCall call{saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6], saved[7], saved[8], saved[9],
-                    ctx->saved_data["K"].toInt(), ctx->saved_data["C"].toInt()};
+                  ctx->saved_data["K"].toInt(), ctx->saved_data["C"].toInt()};
     const int64_t B = call.q.size(0), H = call.q.size(1), L = call.q.size(2), Dh = call.q.size(3), K = call.K;
     const auto grad = grad_out[0].contiguous();
     auto gq = at::empty_like(call.q), gk = at::empty_like(call.k), gv = at::empty_like(call.v);
@@ -648,7 +648,7 @@ struct CausalInterestScan : public torch::autograd::Function<CausalInterestScan>
     auto state = at::empty({B * H, 2 * K, Dh}, o), agg = at::empty({B * H, call.C, 2 * K, Dh}, o);
     auto carry = at::empty({B * H, 2 * K, Dh}, o), carry_c = at::empty({B * H, 2, 2 * K}, o);
     auto dp = at::empty({B * H, K}, o);
-    AT_DISPATCH_FLOATING_TYPES(call.q.scalar_type(), "causal_interest_attention_cuda_backward", [&] {
+    AT_DISPATCH_FLOATING_TYPES(call.q.scalar_type(), "causal_interest_scan_backward", [&] {
       auto a = call.args<scalar_t>();
       a.state = state.data_ptr<scalar_t>();
       a.grad = grad.data_ptr<scalar_t>();
@@ -671,8 +671,9 @@ struct CausalInterestScan : public torch::autograd::Function<CausalInterestScan>
   }
 };
 
-// On a CUDA device (float, double): the kernels, with the dropout mask drawn as the CPU kernel
-// draws it (make_mask), so that one generator state drops the same probabilities on either device.
+// The op through the scan (float, double; on a CUDA device its kernels), with the dropout mask
+// drawn as the fused CPU kernel draws it (make_mask), so that one generator state drops the same
+// probabilities either way.
 at::Tensor scan_causal_interest_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                           const at::Tensor& logits_k, const at::Tensor& logits_v, const at::Tensor& pad,
                                           double dropout, bool use_mask, bool needs_grad, int64_t chunk) {
@@ -685,11 +686,18 @@ at::Tensor scan_causal_interest_attention(const at::Tensor& q, const at::Tensor&
   return CausalInterestScan::apply(q, k, v, logits_k, logits_v, pad, dropout, use_mask, chunk)[0];
 }
 
-}  // namespace
+// Whether autograd will ask for a gradient of any of `inputs`.
+bool grad_wanted(std::initializer_list<at::Tensor> inputs) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const auto& t : inputs)
+    if (t.requires_grad()) return true;
+  return false;
+}
 
-at::Tensor causal_interest_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                     const at::Tensor& logits_k, const at::Tensor& logits_v,
-                                     const at::Tensor& key_padding, double dropout, bool training, int64_t chunk) {
+// The arguments of causal_interest_attention (and of its scan), checked at the boundary.
+void check_causal_interest_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& logits_k, const at::Tensor& logits_v, const at::Tensor& key_padding,
+                                double dropout, int64_t chunk) {
   TORCH_CHECK(q.dim() == 4, "q must be [B, H, L, Dh], got ", q.sizes());
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), Dh = q.size(3);
   TORCH_CHECK(k.dim() == 3 && k.size(0) == B && k.size(1) == L && k.size(2) == H * Dh,
@@ -707,20 +715,27 @@ at::Tensor causal_interest_attention(const at::Tensor& q, const at::Tensor& k, c
   for (const auto* t : {&k, &v, &logits_k, &logits_v})
     TORCH_CHECK(t->scalar_type() == q.scalar_type() && t->device() == q.device(),
                 "q, k, v, logits_k and logits_v must share dtype and device");
+  TORCH_CHECK(key_padding.device() == q.device(), "key_padding must be on q's device ", q.device(), "; got ",
+              key_padding.device());
+}
+
+}  // namespace
+
+at::Tensor causal_interest_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& logits_k, const at::Tensor& logits_v,
+                                     const at::Tensor& key_padding, double dropout, bool training, int64_t chunk) {
+  check_causal_interest_args(q, k, v, logits_k, logits_v, key_padding, dropout, chunk);
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), Dh = q.size(3);
   if (L == 0) return torch::zeros({B, H, 0, Dh}, q.options());
   bool kernel_device = q.device().is_cpu();
 #if SEQREC_HAVE_CUDA
   kernel_device = kernel_device || q.is_cuda();
 #endif
-  TORCH_CHECK(key_padding.device() == q.device(), "key_padding must be on q's device ", q.device(), "; got ",
-              key_padding.device());
   if (!fused_kernels() || !kernel_device || (q.scalar_type() != at::kFloat && q.scalar_type() != at::kDouble))
     return interest_attention(q, causal_interest_aggregation(k, logits_k, key_padding),
                               causal_interest_aggregation(v, logits_v, key_padding), dropout, training);
   const bool use_mask = training && dropout > 0;
-  const bool needs_grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() ||
-                                                         v.requires_grad() || logits_k.requires_grad() ||
-                                                         logits_v.requires_grad());
+  const bool needs_grad = grad_wanted({q, k, v, logits_k, logits_v});
   if (q.is_cuda())
     return scan_causal_interest_attention(q, k, v, logits_k, logits_v, key_padding, dropout, use_mask, needs_grad,
                                           chunk);
@@ -739,14 +754,12 @@ at::Tensor causal_interest_attention_scan(const at::Tensor& q, const at::Tensor&
                                           const at::Tensor& logits_k, const at::Tensor& logits_v,
                                           const at::Tensor& key_padding, double dropout, bool training,
                                           int64_t chunk) {
-  TORCH_CHECK(q.device().is_cpu() && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble),
-              "causal_interest_attention_scan runs CPU float or double tensors (the device's path is "
+  check_causal_interest_args(q, k, v, logits_k, logits_v, key_padding, dropout, chunk);
+  TORCH_CHECK(q.device().is_cpu() && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble) &&
+                  q.size(2) > 0,
+              "causal_interest_attention_scan runs CPU float or double tensors of L > 0 (the device's path is "
               "causal_interest_attention on a CUDA tensor)");
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 3 && logits_k.dim() == 3 && k.size(1) == q.size(2) && q.size(2) > 0,
-              "q [B, H, L, Dh] with L > 0, k [B, L, D] and logits_k [B, L, k] expected");
-  const bool needs_grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() ||
-                                                         v.requires_grad() || logits_k.requires_grad() ||
-                                                         logits_v.requires_grad());
+  const bool needs_grad = grad_wanted({q, k, v, logits_k, logits_v});
   return scan_causal_interest_attention(q, k, v, logits_k, logits_v, key_padding, dropout, training && dropout > 0,
                                         needs_grad, chunk);
 }
