@@ -128,8 +128,9 @@ struct EmulatedWarp {
 };
 
 // One lane that owns every element: a body written with Warp::kLanes strides (lane k takes
-// elements k, k + kLanes, ...) runs on the CPU as a plain loop, its sums in element order. What
-// a CPU kernel uses to run a CUDA kernel's body at CPU speed (the emulation is for testing).
+// elements k, k + kLanes, ...) runs on the CPU as a plain loop, its sums in element order (the
+// interest kernel's, for its device path's host side on the CPU). Unlike EmulatedWarp it does not
+// round as the device does; the emulation is what checks a kernel's lanes.
 template <typename S>
 struct SerialWarp {
   static constexpr int kLanes = 1;

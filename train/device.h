@@ -8,8 +8,9 @@
 
 namespace seqrec::train {
 
-// --device in two steps (the trainer checks the rank count between them): the name, "cpu",
-// "cuda" (device 0) or "cuda:N", then whether this process can use it. Each throws
+// --device in two steps (the trainer then picks a rank's device from the name, the local rank
+// and the device count): the name, "cpu", "cuda" (device 0) or "cuda:N", then whether this
+// process can use it. Each throws
 // std::invalid_argument naming the problem: a malformed name; a LibTorch built without CUDA,
 // no visible device, N out of range.
 at::Device parse_device_name(const std::string& text);
