@@ -29,9 +29,7 @@
 #include "ops/interest_attention/interest_attention_kernel.h"
 #include "seqrec_config.h"
 #if SEQREC_HAVE_CUDA
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-
+#include "ops/cuda_launch.h"
 #include "ops/interest_attention/interest_attention_cuda.h"
 #endif
 
@@ -558,20 +556,16 @@ struct ScanCall {
   }
 };
 
-#if SEQREC_HAVE_CUDA
-void* current_stream(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
-#endif
-
 // Runs the forward (backward = false) or backward rows of `a` where `like` lives.
 template <typename T>
 void run_rows(const cuda::interest_kernel::Args<T>& a, bool backward, const at::Tensor& like) {
 #if SEQREC_HAVE_CUDA
   if (like.is_cuda()) {
-    const c10::cuda::CUDAGuard guard(like.device());
+    const CudaLaunch launch(like);
     if (backward)
-      cuda::interest_attention_backward_launch<T>(a, current_stream(like));
+      cuda::interest_attention_backward_launch<T>(a, launch.stream());
     else
-      cuda::interest_attention_forward_launch<T>(a, current_stream(like));
+      cuda::interest_attention_forward_launch<T>(a, launch.stream());
     return;
   }
 #endif

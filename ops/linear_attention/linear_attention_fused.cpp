@@ -32,9 +32,7 @@
 #include "ops/linear_attention/row_sums.h"
 #include "seqrec_config.h"
 #if SEQREC_HAVE_CUDA
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-
+#include "ops/cuda_launch.h"
 #include "ops/linear_attention/linear_attention_cuda.h"
 #endif
 
@@ -269,15 +267,14 @@ bool cuda_kernel_takes(const at::Tensor& q, const at::Tensor& v) {
 at::Tensor cuda_product(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, bool reverse) {
   const int64_t n = a.size(0) * a.size(1), L = a.size(2), dk = a.size(3), dv = c.size(3);
   auto out = torch::empty({a.size(0), a.size(1), L, dv}, c.options());
-  const c10::cuda::CUDAGuard guard(a.device());
-  void* stream = c10::cuda::getCurrentCUDAStream(a.device().index()).stream();
+  const CudaLaunch launch(a);
   const int64_t seg_len = cuda::causal_linear_attention_segment_len(n, L, dv);
   const int64_t scratch = cuda::linear_kernel::workspace_elements(n, L, dk, dv, seg_len);
   const auto sums = scratch > 0 ? torch::empty({scratch}, c.options()) : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "causal_linear_attention_cuda", [&] {
     cuda::causal_linear_attention_launch<scalar_t>(
         a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), c.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n, L, dk,
-        dv, reverse, seg_len, scratch > 0 ? sums.data_ptr<scalar_t>() : nullptr, stream);
+        dv, reverse, seg_len, scratch > 0 ? sums.data_ptr<scalar_t>() : nullptr, launch.stream());
   });
   return out;
 }

@@ -40,9 +40,7 @@
 #include "ops/kernels.h"
 #include "seqrec_config.h"
 #if SEQREC_HAVE_CUDA
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-
+#include "ops/cuda_launch.h"
 #include "ops/lisa_attention/lisa_attention_cuda.h"
 #endif
 
@@ -270,29 +268,27 @@ cuda::lisa_kernel::Args<T> kernel_args(const at::Tensor& index, const at::Tensor
   return a;
 }
 
-void* current_stream(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
-
 void cuda_forward(const at::Tensor& weights, const at::Tensor& index, const at::Tensor& pad, const at::Tensor& table,
                   const at::Tensor& A, const at::Tensor& r, double decay) {
-  const c10::cuda::CUDAGuard guard(A.device());
+  const CudaLaunch launch(A);
   at::Tensor sums;
   AT_DISPATCH_FLOATING_TYPES(A.scalar_type(), "lisa_attention_cuda", [&] {
     auto a = kernel_args<scalar_t>(index, pad, table, A, r, decay, sums);
     a.weights = weights.data_ptr<scalar_t>();
-    cuda::lisa_attention_forward_launch<scalar_t>(a, current_stream(A));
+    cuda::lisa_attention_forward_launch<scalar_t>(a, launch.stream());
   });
 }
 
 at::Tensor cuda_backward(const at::Tensor& g, const at::Tensor& A, const at::Tensor& r, const at::Tensor& index,
                          const at::Tensor& pad, const at::Tensor& table, double decay) {
   auto gtable = torch::zeros(table.sizes(), A.options());
-  const c10::cuda::CUDAGuard guard(A.device());
+  const CudaLaunch launch(A);
   at::Tensor sums;
   AT_DISPATCH_FLOATING_TYPES(A.scalar_type(), "lisa_attention_cuda_backward", [&] {
     auto a = kernel_args<scalar_t>(index, pad, table, A, r, decay, sums);
     a.g = g.data_ptr<scalar_t>();
     a.gtable = gtable.data_ptr<scalar_t>();
-    cuda::lisa_attention_backward_launch<scalar_t>(a, current_stream(A));
+    cuda::lisa_attention_backward_launch<scalar_t>(a, launch.stream());
   });
   return gtable;
 }

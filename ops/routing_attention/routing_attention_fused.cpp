@@ -19,9 +19,7 @@
 #include "ops/kernels.h"
 #include "seqrec_config.h"
 #if SEQREC_HAVE_CUDA
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-
+#include "ops/cuda_launch.h"
 #include "ops/routing_attention/routing_attention_cuda.h"
 #endif
 
@@ -189,8 +187,6 @@ cuda::routing_kernel::Args<T> kernel_args(const at::Tensor& r, const at::Tensor&
   a.scale = static_cast<T>(scale);
   return a;
 }
-
-void* current_stream(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 #endif
 
 // One autograd Function for both devices: the passes run on the inputs' device (the loops above
@@ -209,10 +205,10 @@ struct RoutedAttention : public torch::autograd::Function<RoutedAttention> {
     AT_DISPATCH_FLOATING_TYPES(r.scalar_type(), "routed_attention_forward", [&] {
 #if SEQREC_HAVE_CUDA
       if (r.is_cuda()) {
-        const c10::cuda::CUDAGuard guard(r.device());
+        const CudaLaunch launch(r);
         auto a = kernel_args<scalar_t>(r, v, window, valid, pad, mask, probs, scale);
         a.out = out.data_ptr<scalar_t>();
-        cuda::routed_attention_forward_launch<scalar_t>(a, current_stream(r));
+        cuda::routed_attention_forward_launch<scalar_t>(a, launch.stream());
         return;
       }
 #endif
@@ -236,14 +232,14 @@ struct RoutedAttention : public torch::autograd::Function<RoutedAttention> {
     AT_DISPATCH_FLOATING_TYPES(r.scalar_type(), "routed_attention_backward", [&] {
 #if SEQREC_HAVE_CUDA
       if (r.is_cuda()) {
-        const c10::cuda::CUDAGuard guard(r.device());
+        const CudaLaunch launch(r);
         auto dl = at::empty_like(probs);
         auto a = kernel_args<scalar_t>(r, v, window, valid, pad, mask, probs, scale);
         a.grad = grad.data_ptr<scalar_t>();
         a.gr = gr.data_ptr<scalar_t>();
         a.gv = gv.data_ptr<scalar_t>();
         a.dl = dl.data_ptr<scalar_t>();
-        cuda::routed_attention_backward_launch<scalar_t>(a, current_stream(r));
+        cuda::routed_attention_backward_launch<scalar_t>(a, launch.stream());
         return;
       }
 #endif
