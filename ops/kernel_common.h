@@ -14,12 +14,29 @@
 #include <stdexcept>
 #include <string>
 
+#include "ops/exp_nonpositive.h"
+
 #if defined(__CUDACC__)
 #define SEQREC_KERNEL_FN __host__ __device__ __forceinline__
 #define SEQREC_KERNEL_UNROLL _Pragma("unroll")
 #else
 #define SEQREC_KERNEL_FN inline
 #define SEQREC_KERNEL_UNROLL
+#endif
+
+// A body's element loops, vectorised where the host compiler runs it as a CPU kernel: a source
+// file compiled with -fopenmp-simd and SEQREC_KERNEL_SIMD_LOOPS defined (ops/CMakeLists.txt)
+// gets `omp simd` on them (SEQREC_KERNEL_SIMD_SUM(acc): a sum into acc, whose order it may
+// change); elsewhere, nvcc and the emulated warps' tests included, they are plain loops.
+#define SEQREC_KERNEL_PRAGMA(x) _Pragma(#x)
+#if defined(SEQREC_KERNEL_SIMD_LOOPS) && !defined(__CUDACC__)
+#define SEQREC_KERNEL_SIMD SEQREC_KERNEL_PRAGMA(omp simd)
+#define SEQREC_KERNEL_SIMD_SUM(acc) SEQREC_KERNEL_PRAGMA(omp simd reduction(+ : acc))
+#define SEQREC_KERNEL_SIMD_MAX(acc) SEQREC_KERNEL_PRAGMA(omp simd reduction(max : acc))
+#else
+#define SEQREC_KERNEL_SIMD
+#define SEQREC_KERNEL_SIMD_SUM(acc)
+#define SEQREC_KERNEL_SIMD_MAX(acc)
 #endif
 
 namespace seqrec::ops::cuda {
@@ -41,6 +58,16 @@ SEQREC_KERNEL_FN T kmax(T a, T b) {
 template <typename T>
 SEQREC_KERNEL_FN T kinf() {
   return static_cast<T>(HUGE_VAL);
+}
+// exp(x) for x <= 0: the device's exp there; on the host the branch-free polynomial of
+// ops/exp_nonpositive.h (float; within 2 ulp, exp(-87) below -87), which a SIMD loop vectorises.
+template <typename T>
+SEQREC_KERNEL_FN T kexp_nonpositive(T x) {
+#if defined(__CUDA_ARCH__)
+  return kexp(x);
+#else
+  return exp_nonpositive(x);
+#endif
 }
 
 // Segments: a row of L slots cut into pieces of seg_len slots (the last may be shorter), each

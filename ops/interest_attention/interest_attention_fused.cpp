@@ -585,10 +585,12 @@ at::Tensor run_scan_forward(const ScanCall& call) {
   const int64_t B = call.q.size(0), H = call.q.size(1), L = call.q.size(2), Dh = call.q.size(3);
   auto out = at::empty({B, H, L, Dh}, call.q.options());
   auto state = at::empty({B * H, 2 * call.K, Dh}, call.q.options());
+  auto slot = at::empty({B * H, 7 * call.K}, call.q.options());
   AT_DISPATCH_FLOATING_TYPES(call.q.scalar_type(), "causal_interest_scan", [&] {
     auto a = call.args<scalar_t>();
     a.out = out.data_ptr<scalar_t>();
     a.state = state.data_ptr<scalar_t>();
+    a.slot = slot.data_ptr<scalar_t>();
     run_rows<scalar_t>(a, /*backward=*/false, call.q);
   });
   return out;
@@ -641,7 +643,7 @@ struct CausalInterestScan : public torch::autograd::Function<CausalInterestScan>
     auto o = call.q.options();
     auto state = at::empty({B * H, 2 * K, Dh}, o), agg = at::empty({B * H, call.C, 2 * K, Dh}, o);
     auto carry = at::empty({B * H, 2 * K, Dh}, o), carry_c = at::empty({B * H, 2, 2 * K}, o);
-    auto dp = at::empty({B * H, K}, o);
+    auto slot = at::empty({B * H, 7 * K}, o);
     AT_DISPATCH_FLOATING_TYPES(call.q.scalar_type(), "causal_interest_scan_backward", [&] {
       auto a = call.args<scalar_t>();
       a.state = state.data_ptr<scalar_t>();
@@ -653,7 +655,7 @@ struct CausalInterestScan : public torch::autograd::Function<CausalInterestScan>
       a.agg = agg.data_ptr<scalar_t>();
       a.carry = carry.data_ptr<scalar_t>();
       a.carry_c = carry_c.data_ptr<scalar_t>();
-      a.dp = dp.data_ptr<scalar_t>();
+      a.slot = slot.data_ptr<scalar_t>();
       run_rows<scalar_t>(a, /*backward=*/true, call.q);
     });
     // Each warp wrote its head's share of the logits' gradient.

@@ -25,9 +25,13 @@
 // C slots; the backward walks the chunks in reverse, recomputes each chunk's agg from its saved
 // state, then walks its slots in reverse: memory O(L·k + (L / C + C)·k·D) per sequence.
 //
-// Scalars every lane needs (m, Z, the scores, dp') are computed alike by every lane or written
-// by lane 0 to rows in memory and read after a warp sync; each lane owns the dims d = lane,
-// lane + 32, ... of the head in the state, the carries and the gradients of k, v and q.
+// Scalars every lane needs are computed once and read from memory after a warp sync: a slot's
+// per-interest factors (m, Z, exp(m_{t-1} - m_t), the weights, the softmax's probabilities) one
+// interest per lane, into the row's scratch (Slot); the scores, dp' and the carried c by lane 0
+// after a warp sum. The softmax's maximum and normaliser are warp reductions. Each lane owns the
+// dims d = lane, lane + 32, ... of the head in the state, the carries and the gradients of k, v
+// and q. On the CPU (SerialWarp: one lane) the same loops run whole, vectorised where the file
+// allows it (SEQREC_KERNEL_SIMD, ops/kernel_common.h), with exps by kexp_nonpositive.
 #include <cstdint>
 
 #include "ops/kernel_common.h"
@@ -58,7 +62,7 @@ struct Args {
   T* agg;           // backward scratch: [BH, C, 2K, Dh]
   T* carry;         // backward scratch: [BH, 2K, Dh] (U)
   T* carry_c;       // backward scratch: [BH, 2, 2K] (c, by the slot's parity)
-  T* dp;            // backward scratch: [BH, K]
+  T* slot;          // scratch: [BH, 7K], a row's per-slot scalars (Slot)
   int64_t B, H, L, Dh, K, C;
   T scale;          // 1 / sqrt(Dh)
 
@@ -82,52 +86,112 @@ SEQREC_KERNEL_FN void copy_owned(Warp& warp, T* dst, const T* src, int64_t rows,
   });
 }
 
+// A row's per-slot scalars, each computed once by one lane into the row's scratch (Args::slot,
+// [BH, 7K]) and read by every lane after a sync.
+template <typename T>
+struct Slot {
+  T* e;   // [2K] forward: exp(m_{t-1} - m_t); backward: the carry factor exp(m_t - m_{t+1})
+  T* w;   // [2K] exp(a[t, j] - m_t) at a real slot, 0 at a padded one
+  T* p;   // [K]  forward: p_j m_j / Z^v_j (the output's weights); backward: p_j m_j
+  T* dp;  // [K]  backward: dp'_j = g_t · aggv_t[j]
+  T* ds;  // [K]  backward: ds_j / sqrt(Dh)
+};
+
+template <typename T>
+SEQREC_KERNEL_FN Slot<T> slot_of(const Args<T>& a, int64_t bh) {
+  T* r = a.slot + bh * 7 * a.K;
+  return {r, r + 2 * a.K, r + 4 * a.K, r + 5 * a.K, r + 6 * a.K};
+}
+
 // Slot t's step of every interest of both sides: state N_{t-1} -> N_t. With `record` (the
 // forward) m_t and Z_t are computed and written; without (the backward's recompute) they are read.
+// The caller syncs before the lanes read m_t or Z_t.
 template <typename T, class Warp>
-SEQREC_KERNEL_FN void advance(Warp& warp, const Args<T>& a, int64_t bh, int64_t t, bool record) {
-  const int64_t b = bh / a.H, h = bh - b * a.H, K2 = 2 * a.K, D = a.H * a.Dh, Dh = a.Dh;
+SEQREC_KERNEL_FN void advance(Warp& warp, const Args<T>& a, const Slot<T>& sl, int64_t bh, int64_t t, bool record) {
+  const int64_t b = bh / a.H, h = bh - b * a.H, K = a.K, K2 = 2 * K, D = a.H * a.Dh, Dh = a.Dh;
   const bool real = !a.pad[b * a.L + t];
   const T* at = a.a + (b * a.L + t) * K2;
   const T* mp = a.m + (bh * a.L + t - 1) * K2;  // read only when t > 0
   const T* zp = a.z + (bh * a.L + t - 1) * K2;
   T* mt = a.m + (bh * a.L + t) * K2;
   T* zt = a.z + (bh * a.L + t) * K2;
-  for (int64_t j = 0; j < K2; ++j) {
-    const T m_prev = t > 0 ? mp[j] : -kinf<T>();
-    const T m_new = record ? (real ? kmax(m_prev, at[j]) : m_prev) : mt[j];
-    T e = T(1), w = T(0), z_new = T(0);
-    if (m_new != -kinf<T>()) {
-      e = m_prev == -kinf<T>() ? T(0) : kexp(m_prev - m_new);
-      w = real ? kexp(at[j] - m_new) : T(0);
-      z_new = (t > 0 ? zp[j] : T(0)) * e + w;
-    }
-    const T* x = (j < a.K ? a.k : a.v) + (b * a.L + t) * D + h * Dh;
-    T* n = a.state + (bh * K2 + j) * Dh;
-    warp.each([&](int lane, NoState&) {
-      for (int64_t d = lane; d < Dh; d += Warp::kLanes) n[d] = n[d] * e + w * x[d];
-    });
-    if (record) warp.lead([&] {
+  // The interests' factors, one interest per lane (the arguments of the exps are chosen so that
+  // none is NaN or positive, for the loop's branch-free form).
+  warp.each([&](int lane, NoState&) {
+    SEQREC_KERNEL_SIMD
+    for (int64_t j = lane; j < K2; j += Warp::kLanes) {
+      const T m_prev = t > 0 ? mp[j] : -kinf<T>();
+      const T m_new = record ? (real && at[j] > m_prev ? at[j] : m_prev) : mt[j];
+      const bool had = m_prev != -kinf<T>(), seen = m_new != -kinf<T>();
+      const T e = kexp_nonpositive(had ? m_prev - m_new : T(0));
+      const T w = kexp_nonpositive(real ? at[j] - m_new : T(0));
+      const T e_j = had ? e : (seen ? T(0) : T(1));
+      const T w_j = real ? w : T(0);
+      sl.e[j] = e_j;
+      sl.w[j] = w_j;
+      if (record) {
         mt[j] = m_new;
-        zt[j] = z_new;
-      });
-  }
+        zt[j] = seen ? (t > 0 ? zp[j] : T(0)) * e_j + w_j : T(0);
+      }
+    }
+  });
+  warp.sync();
+  const T* kx = a.k + (b * a.L + t) * D + h * Dh;
+  const T* vx = a.v + (b * a.L + t) * D + h * Dh;
+  T* n = a.state + bh * K2 * Dh;
+  warp.each([&](int lane, NoState&) {
+    for (int64_t j = 0; j < K2; ++j) {
+      const T e = sl.e[j], w = sl.w[j];
+      const T* x = j < K ? kx : vx;
+      T* nj = n + j * Dh;
+      SEQREC_KERNEL_SIMD
+      for (int64_t d = lane; d < Dh; d += Warp::kLanes) nj[d] = nj[d] * e + w * x[d];
+    }
+  });
 }
 
-// The softmax of slot t's scores, as every lane computes it: p_j = exp(s_j - top) / den.
+// The softmax of a slot's K scores s: its maximum and normaliser, as every lane holds them.
 template <typename T>
 struct Softmax {
-  const T* s;
   T top, den;
-  SEQREC_KERNEL_FN T p(int64_t j) const { return kexp(s[j] - top) / den; }
 };
 
-template <typename T>
-SEQREC_KERNEL_FN Softmax<T> softmax_of(const T* s, int64_t K) {
-  Softmax<T> sm{s, -kinf<T>(), T(0)};
-  for (int64_t j = 0; j < K; ++j) sm.top = kmax(sm.top, s[j]);
-  for (int64_t j = 0; j < K; ++j) sm.den += kexp(s[j] - sm.top);
+template <typename T, class Warp>
+SEQREC_KERNEL_FN Softmax<T> softmax_of(Warp& warp, const T* s, int64_t K) {
+  Softmax<T> sm;
+  sm.top = warp.max([&](int lane, NoState&) {
+    T top = -kinf<T>();
+    SEQREC_KERNEL_SIMD_MAX(top)
+    for (int64_t j = lane; j < K; j += Warp::kLanes) top = kmax(top, s[j]);
+    return top;
+  });
+  sm.den = warp.sum([&](int lane, NoState&) {
+    T den = T(0);
+    SEQREC_KERNEL_SIMD_SUM(den)
+    for (int64_t j = lane; j < K; j += Warp::kLanes) den += kexp_nonpositive(s[j] - sm.top);
+    return den;
+  });
   return sm;
+}
+
+// x · y over the dims of a head, as every lane holds it. Each lane sums its dims in four
+// interleaved partial sums (d, d + 4·kLanes, ... in the first), so that on the CPU's one lane the
+// compiler can keep them in one vector register instead of a chain of dependent adds.
+template <typename T, class Warp>
+SEQREC_KERNEL_FN T head_dot(Warp& warp, const T* x, const T* y, int64_t Dh) {
+  return warp.sum([&](int lane, NoState&) {
+    constexpr int64_t S = Warp::kLanes;
+    T a0 = T(0), a1 = T(0), a2 = T(0), a3 = T(0);
+    int64_t d = lane;
+    for (; d + 3 * S < Dh; d += 4 * S) {
+      a0 += x[d] * y[d];
+      a1 += x[d + S] * y[d + S];
+      a2 += x[d + 2 * S] * y[d + 2 * S];
+      a3 += x[d + 3 * S] * y[d + 3 * S];
+    }
+    for (; d < Dh; d += S) a0 += x[d] * y[d];
+    return (a0 + a1) + (a2 + a3);
+  });
 }
 
 // Forward of warp row bh = b·H + h: every slot's output, m, Z and scores, and the checkpoints.
@@ -135,44 +199,49 @@ template <typename T, class Warp>
 SEQREC_KERNEL_FN void forward_row(Warp& warp, const Args<T>& a, int64_t bh) {
   const int64_t K = a.K, K2 = 2 * K, Dh = a.Dh, L = a.L;
   const int64_t chunks = (L + a.C - 1) / a.C;
+  const Slot<T> sl = slot_of(a, bh);
   T* state = a.state + bh * K2 * Dh;
   copy_owned<T>(warp, state, nullptr, K2, Dh);
   for (int64_t t = 0; t < L; ++t) {
     if (a.ckpt && t % a.C == 0) {
       copy_owned<T>(warp, a.ckpt + (bh * chunks + t / a.C) * K2 * Dh, state, K2, Dh);
     }
-    advance<T>(warp, a, bh, t, /*record=*/true);
-    warp.sync();  // m_t, Z_t written by lane 0
+    advance<T>(warp, a, sl, bh, t, /*record=*/true);
+    warp.sync();  // m_t, Z_t written by their lanes
     const T* zt = a.z + (bh * L + t) * K2;
     const T* qt = a.q + (bh * L + t) * Dh;
     T* st = a.s + (bh * L + t) * K;
     for (int64_t j = 0; j < K; ++j) {
-      const T* n = state + j * Dh;
-      const T dot = warp.sum([&](int lane, NoState&) {
-        T acc = T(0);
-        for (int64_t d = lane; d < Dh; d += Warp::kLanes) acc += qt[d] * n[d];
-        return acc;
-      });
-      const T score = a.scale * dot / kmax(zt[j], tiny<T>());
+      const T score = a.scale * head_dot(warp, qt, state + j * Dh, Dh) / kmax(zt[j], tiny<T>());
       warp.lead([&] { st[j] = score; });
     }
     warp.sync();
-    const auto sm = softmax_of(st, K);
+    const auto sm = softmax_of(warp, st, K);
+    warp.each([&](int lane, NoState&) {
+      SEQREC_KERNEL_SIMD
+      for (int64_t j = lane; j < K; j += Warp::kLanes)
+        sl.p[j] = kexp_nonpositive(st[j] - sm.top) / sm.den * a.keep(bh, t, j) / kmax(zt[K + j], tiny<T>());
+    });
+    warp.sync();
     T* o = a.out + (bh * L + t) * Dh;
     warp.each([&](int lane, NoState&) {
+      SEQREC_KERNEL_SIMD
       for (int64_t d = lane; d < Dh; d += Warp::kLanes) o[d] = T(0);
       for (int64_t j = 0; j < K; ++j) {
-        const T r = sm.p(j) * a.keep(bh, t, j) / kmax(zt[K + j], tiny<T>());
+        const T r = sl.p[j];
         const T* n = state + (K + j) * Dh;
+        SEQREC_KERNEL_SIMD
         for (int64_t d = lane; d < Dh; d += Warp::kLanes) o[d] += r * n[d];
       }
     });
+    warp.sync();  // sl read by every lane before the next slot writes it
   }
 }
 
 // Slot t of the backward's reverse walk; agg_t is the chunk's recomputed row for t.
 template <typename T, class Warp>
-SEQREC_KERNEL_FN void backward_slot(Warp& warp, const Args<T>& a, int64_t bh, int64_t t, const T* agg_t) {
+SEQREC_KERNEL_FN void backward_slot(Warp& warp, const Args<T>& a, const Slot<T>& sl, int64_t bh, int64_t t,
+                                    const T* agg_t) {
   const int64_t b = bh / a.H, h = bh - b * a.H, K = a.K, K2 = 2 * K, Dh = a.Dh, L = a.L, D = a.H * Dh;
   const bool real = !a.pad[b * L + t];
   const T* mt = a.m + (bh * L + t) * K2;
@@ -181,8 +250,7 @@ SEQREC_KERNEL_FN void backward_slot(Warp& warp, const Args<T>& a, int64_t bh, in
   const T* qt = a.q + (bh * L + t) * Dh;
   const T* g = a.grad + (bh * L + t) * Dh;
   const T* at = a.a + (b * L + t) * K2;
-  const auto sm = softmax_of(a.s + (bh * L + t) * K, K);
-  T* dp = a.dp + bh * K;
+  const T* st = a.s + (bh * L + t) * K;
   // c of slot t + 1 (zeros at the last slot) and of slot t, by parity.
   const T* c_next = a.carry_c + (bh * 2 + ((t + 1) & 1)) * K2;
   T* c_here = a.carry_c + (bh * 2 + (t & 1)) * K2;
@@ -192,23 +260,50 @@ SEQREC_KERNEL_FN void backward_slot(Warp& warp, const Args<T>& a, int64_t bh, in
   T* gv = a.gv + (b * L + t) * D + h * Dh;
 
   for (int64_t j = 0; j < K; ++j) {
-    const T* aggv = agg_t + (K + j) * Dh;
-    const T dpj = warp.sum([&](int lane, NoState&) {
-      T acc = T(0);
-      for (int64_t d = lane; d < Dh; d += Warp::kLanes) acc += g[d] * aggv[d];
-      return acc;
-    });
-    warp.lead([&] { dp[j] = dpj; });
+    const T dpj = head_dot(warp, g, agg_t + (K + j) * Dh, Dh);
+    warp.lead([&] { sl.dp[j] = dpj; });
   }
-  warp.sync();
-  T sig = T(0);
-  for (int64_t j = 0; j < K; ++j) sig += sm.p(j) * a.keep(bh, t, j) * dp[j];
-  auto ds = [&](int64_t j) { return sm.p(j) * (a.keep(bh, t, j) * dp[j] - sig); };
+  // The carry factors and weights, one interest per lane (no NaN or positive exp arguments).
+  const bool last = t + 1 >= L;
   warp.each([&](int lane, NoState&) {
+    SEQREC_KERNEL_SIMD
+    for (int64_t j = lane; j < K2; j += Warp::kLanes) {
+      const bool seen = mt[j] != -kinf<T>();
+      const T f = kexp_nonpositive(seen && !last ? mt[j] - mn[j] : T(0));
+      const T w = kexp_nonpositive(real ? at[j] - mt[j] : T(0));
+      sl.e[j] = seen && !last ? f : T(0);
+      sl.w[j] = real ? w : T(0);
+    }
+  });
+  const auto sm = softmax_of(warp, st, K);
+  warp.each([&](int lane, NoState&) {
+    SEQREC_KERNEL_SIMD
+    for (int64_t j = lane; j < K; j += Warp::kLanes)
+      sl.p[j] = kexp_nonpositive(st[j] - sm.top) / sm.den * a.keep(bh, t, j);
+  });
+  warp.sync();  // dp and p
+  const T sig = warp.sum([&](int lane, NoState&) {
+    T acc = T(0);
+    SEQREC_KERNEL_SIMD_SUM(acc)
+    for (int64_t j = lane; j < K; j += Warp::kLanes) acc += sl.p[j] * sl.dp[j];
+    return acc;
+  });
+  warp.each([&](int lane, NoState&) {
+    SEQREC_KERNEL_SIMD
+    for (int64_t j = lane; j < K; j += Warp::kLanes) {
+      const T keep = a.keep(bh, t, j);
+      const T p = kexp_nonpositive(st[j] - sm.top) / sm.den;
+      sl.ds[j] = a.scale * p * (keep * sl.dp[j] - sig);
+    }
+  });
+  warp.sync();  // ds
+  warp.each([&](int lane, NoState&) {
+    SEQREC_KERNEL_SIMD
     for (int64_t d = lane; d < Dh; d += Warp::kLanes) gq[d] = gk[d] = gv[d] = T(0);
     for (int64_t j = 0; j < K; ++j) {  // one softmax term per interest, then its dims
-      const T c = a.scale * ds(j);
+      const T c = sl.ds[j];
       const T* ag = agg_t + j * Dh;
+      SEQREC_KERNEL_SIMD
       for (int64_t d = lane; d < Dh; d += Warp::kLanes) gq[d] += c * ag[d];
     }
   });
@@ -217,10 +312,11 @@ SEQREC_KERNEL_FN void backward_slot(Warp& warp, const Args<T>& a, int64_t bh, in
     T* u = U + j * Dh;
     const bool key = j < K;
     // G_t[j] = coef · (q_t or g_t).
-    const T coef = key ? a.scale * ds(j) : sm.p(j - K) * a.keep(bh, t, j - K);
+    const T coef = key ? sl.ds[j] : sl.p[j - K];
     const T* src = key ? qt : g;
     if (mt[j] == -kinf<T>()) {  // no real slot up to t: nothing before it to pass anything to
       warp.each([&](int lane, NoState&) {
+        SEQREC_KERNEL_SIMD
         for (int64_t d = lane; d < Dh; d += Warp::kLanes) u[d] = T(0);
       });
       warp.lead([&] {
@@ -229,30 +325,23 @@ SEQREC_KERNEL_FN void backward_slot(Warp& warp, const Args<T>& a, int64_t bh, in
       });
       continue;
     }
-    const T f = t + 1 < L ? kexp(mt[j] - mn[j]) : T(0);
+    const T f = sl.e[j];
     const T inv_z = T(1) / zt[j];  // Z_t >= 1 once a real slot was seen (the maximum's weight is 1)
     const T* ag = agg_t + j * Dh;
-    const T gdot = warp.sum([&](int lane, NoState&) {
-      T acc = T(0);
-      for (int64_t d = lane; d < Dh; d += Warp::kLanes) acc += coef * src[d] * ag[d];
-      return acc;
-    });
-    const T c = gdot * inv_z + f * c_next[j];
+    const T c = coef * head_dot(warp, src, ag, Dh) * inv_z + f * c_next[j];
+    const T cz = coef * inv_z;
     warp.each([&](int lane, NoState&) {
-      for (int64_t d = lane; d < Dh; d += Warp::kLanes) u[d] = coef * src[d] * inv_z + f * u[d];
+      SEQREC_KERNEL_SIMD
+      for (int64_t d = lane; d < Dh; d += Warp::kLanes) u[d] = cz * src[d] + f * u[d];
     });
     T da = T(0);
     if (real) {
-      const T w = kexp(at[j] - mt[j]);
+      const T w = sl.w[j];
       const T* x = (key ? a.k : a.v) + (b * L + t) * D + h * Dh;
       T* gx = key ? gk : gv;
-      const T xdot = warp.sum([&](int lane, NoState&) {
-        T acc = T(0);
-        for (int64_t d = lane; d < Dh; d += Warp::kLanes) acc += x[d] * u[d];
-        return acc;
-      });
-      da = w * (xdot - c);
+      da = w * (head_dot(warp, x, u, Dh) - c);
       warp.each([&](int lane, NoState&) {
+        SEQREC_KERNEL_SIMD
         for (int64_t d = lane; d < Dh; d += Warp::kLanes) gx[d] += w * u[d];
       });
     }
@@ -261,7 +350,7 @@ SEQREC_KERNEL_FN void backward_slot(Warp& warp, const Args<T>& a, int64_t bh, in
       a.ga[(bh * L + t) * K2 + j] = da;
     });
   }
-  warp.sync();  // c_here and dp read by every lane before the next slot writes them
+  warp.sync();  // c_here and sl read by every lane before the next slot writes them
 }
 
 // Backward of warp row bh: gq, this head's dims of gk and gv, and its share of ga.
@@ -269,6 +358,7 @@ template <typename T, class Warp>
 SEQREC_KERNEL_FN void backward_row(Warp& warp, const Args<T>& a, int64_t bh) {
   const int64_t K2 = 2 * a.K, Dh = a.Dh, L = a.L, C = a.C;
   const int64_t chunks = (L + C - 1) / C;
+  const Slot<T> sl = slot_of(a, bh);
   T* state = a.state + bh * K2 * Dh;
   T* U = a.carry + bh * K2 * Dh;
   T* agg = a.agg + bh * C * K2 * Dh;
@@ -281,17 +371,19 @@ SEQREC_KERNEL_FN void backward_row(Warp& warp, const Args<T>& a, int64_t bh) {
     const int64_t t0 = c * C, t1 = t0 + C < L ? t0 + C : L;
     copy_owned<T>(warp, state, a.ckpt + (bh * chunks + c) * K2 * Dh, K2, Dh);
     for (int64_t t = t0; t < t1; ++t) {
-      advance<T>(warp, a, bh, t, /*record=*/false);
+      advance<T>(warp, a, sl, bh, t, /*record=*/false);
       const T* zt = a.z + (bh * L + t) * K2;
       T* row = agg + (t - t0) * K2 * Dh;
       warp.each([&](int lane, NoState&) {
         for (int64_t j = 0; j < K2; ++j) {
           const T inv = T(1) / kmax(zt[j], tiny<T>());
+          SEQREC_KERNEL_SIMD
           for (int64_t d = lane; d < Dh; d += Warp::kLanes) row[j * Dh + d] = state[j * Dh + d] * inv;
         }
       });
+      warp.sync();  // sl read by every lane before the next slot's advance writes it
     }
-    for (int64_t t = t1 - 1; t >= t0; --t) backward_slot<T>(warp, a, bh, t, agg + (t - t0) * K2 * Dh);
+    for (int64_t t = t1 - 1; t >= t0; --t) backward_slot<T>(warp, a, sl, bh, t, agg + (t - t0) * K2 * Dh);
   }
 }
 

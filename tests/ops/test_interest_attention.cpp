@@ -351,7 +351,7 @@ std::vector<at::Tensor> emulated_interest(const Inputs& in, const at::Tensor& ma
                    s = nan({BH, L, K}), ckpt = nan({BH, chunks, 2 * K, Dh}), state = nan({BH, 2 * K, Dh}),
                    gq = nan({B, H, L, Dh}), gk = nan({B, L, D}), gv = nan({B, L, D}), ga = nan({BH, L, 2 * K}),
                    agg = nan({BH, C, 2 * K, Dh}), carry = nan({BH, 2 * K, Dh}), carry_c = nan({BH, 2, 2 * K}),
-                   dp = nan({BH, K});
+                   slot = nan({BH, 7 * K});
   ik::Args<T> args{};
   args.q = q.data_ptr<T>();
   args.k = k.data_ptr<T>();
@@ -373,7 +373,7 @@ std::vector<at::Tensor> emulated_interest(const Inputs& in, const at::Tensor& ma
   args.agg = agg.data_ptr<T>();
   args.carry = carry.data_ptr<T>();
   args.carry_c = carry_c.data_ptr<T>();
-  args.dp = dp.data_ptr<T>();
+  args.slot = slot.data_ptr<T>();
   args.B = B, args.H = H, args.L = L, args.Dh = Dh, args.K = K, args.C = C;
   args.scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(Dh)));
   ik::emulate(args, /*backward=*/false);
