@@ -3,7 +3,7 @@
 //   attention_bench --op OP --len L [--tokens 16384] [--dim 64] [--heads 1] [--interests 20]
 //                   [--codebooks 8] [--codewords 16] [--iters 3] [--device cpu|cuda|cuda:N]
 // OP: softmax | linrec | linrec:global | linrec:packed | linear | linear:reference | linear:global | linear:global:reference
-//     | lightsans | lightsans:scan | lightsans:reference | lisa | lisa:reference | routing
+//     | lightsans | lightsans:reference | lisa | lisa:reference | routing
 //     | routing:reference | gated:softmax
 //     | gated:cosine | model:<name> | loss:softmax | loss:softmax:recompute
 // linrec:packed is linrec:global on the packed [B, L, 3·dim] projection the model passes (its heads
@@ -54,7 +54,7 @@ double status_mb(const char* key) {
 }
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|linrec:global|linrec:packed|linear|linear:reference|linear:global|linear:global:reference|lightsans|lightsans:scan|lightsans:reference|lisa|lisa:reference|routing|routing:reference|"
+  std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|linrec:global|linrec:packed|linear|linear:reference|linear:global|linear:global:reference|lightsans|lightsans:reference|lisa|lisa:reference|routing|routing:reference|"
                "gated:softmax|gated:cosine|model:<name>[:cosine]|loss:softmax[:recompute] --len L "
                "[--tokens N] [--dim D] [--items N] [--heads H] [--interests K] [--codebooks C] [--codewords W] [--iters I] "
                "[--device cpu|cuda|cuda:N]\n",
@@ -135,11 +135,10 @@ int main(int argc, char** argv) {
       return seqrec::ops::linrec_attention_packed(qkv, heads, pad, seqrec::ops::LinrecNorm::kPaper,
                                                   seqrec::ops::LinrecForm::kGlobal);
     };
-  } else if (op == "lightsans" || op == "lightsans:scan" || op == "lightsans:reference") {
+  } else if (op == "lightsans" || op == "lightsans:reference") {
     // The item-to-interest branch (LightSANs-ape's whole attention): aggregate keys and values,
-    // attend each slot's query over its interests (the fused op the model runs: the CPU's
-    // checkpointed scan or the CUDA kernel; lightsans:scan the CUDA kernel's row functions on the
-    // CPU; lightsans:reference the ATen composition).
+    // attend each slot's query over its interests (the fused op the model runs: the slot-by-slot
+    // scan, on a CUDA device its kernel; lightsans:reference the ATen composition).
     auto q = leaf(torch::randn({B, heads, len, dh}, opt)), k = leaf(torch::randn({B, len, dim}, opt)),
          v = leaf(torch::randn({B, len, dim}, opt)), tk = leaf(torch::randn({dim, interests}, opt)),
          tv = leaf(torch::randn({dim, interests}, opt));
@@ -147,11 +146,6 @@ int main(int argc, char** argv) {
       run = [=] {
         return seqrec::ops::causal_interest_attention(q, k, v, torch::matmul(k, tk), torch::matmul(v, tv), pad, 0.0,
                                                       true);
-      };
-    else if (op == "lightsans:scan")
-      run = [=] {
-        return seqrec::ops::detail::causal_interest_attention_scan(q, k, v, torch::matmul(k, tk),
-                                                                   torch::matmul(v, tv), pad, 0.0, true);
       };
     else
       run = [=] {

@@ -36,28 +36,18 @@ at::Tensor interest_attention(const at::Tensor& q, const at::Tensor& keys, const
 // causal_interest_aggregation(v, logits_v, pad), dropout, training) -> [B, H, L, Dh], equal to it
 // to rounding (and, given the same generator state, with the same dropout mask: one draw from
 // Torch's default generator per call). q [B, H, L, Dh]; k, v [B, L, H·Dh]; logits_k, logits_v
-// [B, L, k]; key_padding [B, L] bool. A checkpointed scan over chunks of `chunk` slots (0 =
-// automatic: 16-64 by batch size) that never forms the per-slot interests: memory
-// O(L·k + (L/chunk)·k·D) plus one chunk's weights [B, chunk·(chunk+1)/2, 2k], work per slot
-// O(chunk·(D + k·H) + k·D); the backward recomputes one chunk at a time. CPU float/double
-// (elsewhere it runs the reference composition). Outputs at padded slots are finite (zeros
-// before a row's first real slot, no NaN in the gradients); an earlier slot never reads a later
-// one, so changing slot t leaves every slot before t bit-identical.
+// [B, L, k]; key_padding [B, L] bool. A scan slot by slot per (sequence, head) that never forms
+// the per-slot interests (interest_attention_kernel.h: a warp per row on a CUDA device, one lane
+// per row on the CPU): work O(k·Dh) per slot and head; memory O(L·k) per row for the running
+// maxima, normalisers and scores the backward reads, plus the running sums entering every
+// `chunk` slots (0 = about sqrt(L)) from which the backward recomputes one chunk at a time:
+// O((L/chunk + chunk)·k·Dh). CPU and CUDA float/double (elsewhere, or with --fused_kernels=false,
+// the reference composition). Outputs at padded slots are finite (zeros before a row's first real
+// slot, no NaN in the gradients); an earlier slot never reads a later one, so changing slot t
+// leaves every slot before t bit-identical.
 at::Tensor causal_interest_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const at::Tensor& logits_k, const at::Tensor& logits_v,
                                      const at::Tensor& key_padding, double dropout, bool training,
                                      int64_t chunk = 0);
-
-namespace detail {
-// What causal_interest_attention runs on a CUDA device (the slot-by-slot scan of
-// interest_attention_kernel.h, behind the same autograd function, mask draw and buffers), run on
-// CPU float/double tensors with one lane per row: slower than the CPU's fused kernel, so no
-// model uses it; it lets a machine without a GPU test the device path's host side (the
-// emulation tests the kernel's lanes). Arguments as causal_interest_attention's, L > 0.
-at::Tensor causal_interest_attention_scan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                          const at::Tensor& logits_k, const at::Tensor& logits_v,
-                                          const at::Tensor& key_padding, double dropout, bool training,
-                                          int64_t chunk = 0);
-}  // namespace detail
 
 }  // namespace seqrec::ops

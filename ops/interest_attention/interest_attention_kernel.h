@@ -2,7 +2,8 @@
 // The body of LightSANs' causal interest attention on a CUDA device (interest_attention.cu),
 // written once for nvcc and the host compiler (ops/kernel_common.h): the device runs it with one
 // warp per (sequence, head), and emulate() runs the same functions on the CPU with an emulated
-// warp (CausalInterestAttention.CudaKernelLogicMatchesCpuKernel). No Torch and no CUDA headers.
+// warp (CausalInterestAttention.CudaKernelLogicMatchesReference), and the CPU runs them with one
+// lane per row (interest_attention_fused.cpp). No Torch and no CUDA headers.
 //
 // The arithmetic is causal_interest_attention's (interest_attention.h), walked slot by slot
 // instead of in chunks. Per sequence b, head h (dims of that head only) and interest j of either

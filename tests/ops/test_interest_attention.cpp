@@ -150,7 +150,8 @@ at::Tensor reference(const Inputs& in, double p = 0.0, bool training = false) {
                             causal_interest_aggregation(in.v, in.av, in.pad), p, training);
 }
 
-at::Tensor fused(const Inputs& in, int64_t chunk = 0, double p = 0.0, bool training = false) {
+// The op as LightSANs calls it (the scan of interest_attention_kernel.h on the CPU).
+at::Tensor op(const Inputs& in, int64_t chunk = 0, double p = 0.0, bool training = false) {
   return causal_interest_attention(in.q, in.k, in.v, in.ak, in.av, in.pad, p, training, chunk);
 }
 
@@ -166,7 +167,7 @@ TEST(CausalInterestAttention, MatchesReferenceComposition) {
     auto want = reference(in);
     for (int64_t chunk : {int64_t{0}, int64_t{1}, int64_t{5}, int64_t{32}, int64_t{200}}) {
       if (chunk == 1 && c.L > 70) continue;  // slow; L = 67 covers it
-      auto got = fused(in, chunk);
+      auto got = op(in, chunk);
       ASSERT_EQ(got.sizes(), want.sizes());
       ASSERT_TRUE(torch::isfinite(got).all().item<bool>()) << "L=" << c.L << " chunk=" << chunk;
       EXPECT_TRUE(torch::allclose(got, want, 1e-4, 1e-5))
@@ -179,13 +180,13 @@ TEST(CausalInterestAttention, MatchesReferenceComposition) {
 TEST(CausalInterestAttention, ZerosBeforeFirstItemAndNoGradPathIdentical) {
   torch::manual_seed(22);
   auto in = make_inputs(3, 2, 20, 3, 4, {20, 6, 0}, 5, torch::kFloat32, true);
-  auto out = fused(in, 8);
+  auto out = op(in, 8);
   out.backward(torch::randn_like(out));
   for (auto& t : in.all()) EXPECT_TRUE(torch::isfinite(t.grad()).all().item<bool>());
   EXPECT_TRUE(torch::equal(out[1].narrow(1, 0, 14).detach(), torch::zeros({2, 14, 3})));
   EXPECT_TRUE(torch::equal(out[2].detach(), torch::zeros({2, 20, 3})));
   torch::NoGradGuard no_grad;
-  EXPECT_TRUE(torch::equal(fused(in, 8), out.detach()));
+  EXPECT_TRUE(torch::equal(op(in, 8), out.detach()));
 }
 
 TEST(CausalInterestAttention, GradientsMatchReferenceComposition) {
@@ -199,7 +200,7 @@ TEST(CausalInterestAttention, GradientsMatchReferenceComposition) {
     auto in = make_inputs(c.B, c.H, c.L, c.Dh, c.K, c.lengths, c.spread, torch::kFloat64, true);
     auto w = torch::randn({c.B, c.H, c.L, c.Dh}, torch::kFloat64);
     auto want = torch::autograd::grad({(reference(in) * w).sum()}, in.all());
-    auto got = torch::autograd::grad({(fused(in, c.chunk) * w).sum()}, in.all());
+    auto got = torch::autograd::grad({(op(in, c.chunk) * w).sum()}, in.all());
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_TRUE(got[i].defined() && torch::isfinite(got[i]).all().item<bool>()) << "L=" << c.L << " input " << i;
       const double scale = want[i].abs().max().item<double>();
@@ -214,7 +215,7 @@ TEST(CausalInterestAttention, GradientsMatchCentralDifferences) {
   torch::manual_seed(24);
   auto in = make_inputs(2, 2, 9, 2, 3, {9, 5}, 2, torch::kFloat64, true);
   auto w = torch::randn({2, 2, 9, 2}, torch::kFloat64);
-  auto f = [&] { return (fused(in, 4) * w).sum(); };
+  auto f = [&] { return (op(in, 4) * w).sum(); };
   seqrec::testing::expect_gradients_match_central_differences(f, in.all(), 2);
 }
 
@@ -224,16 +225,16 @@ TEST(CausalInterestAttention, DropoutMaskIsReproducibleAndUsedInBackward) {
   auto w = torch::randn({2, 2, 23, 2}, torch::kFloat64);
   const double p = 0.3;
   torch::manual_seed(7);
-  auto a = fused(in, 5, p, true);
+  auto a = op(in, 5, p, true);
   torch::manual_seed(7);
-  auto a2 = fused(in, 5, p, true);
+  auto a2 = op(in, 5, p, true);
   torch::manual_seed(7);
-  auto b = fused(in, 8, p, true);  // the mask does not depend on the chunking
-  auto c = fused(in, 5, p, true);  // the generator moved on: another mask
+  auto b = op(in, 8, p, true);  // the mask does not depend on the chunking
+  auto c = op(in, 5, p, true);  // the generator moved on: another mask
   EXPECT_TRUE(torch::equal(a, a2));
   EXPECT_TRUE(torch::allclose(a, b, 1e-12, 1e-12));
   EXPECT_FALSE(torch::allclose(a, c));
-  EXPECT_FALSE(torch::allclose(a, fused(in, 5)));
+  EXPECT_FALSE(torch::allclose(a, op(in, 5)));
   // Given the same generator state the mask is the reference's; forward and gradients agree.
   torch::manual_seed(7);
   auto r = reference(in, p, true);
@@ -245,11 +246,11 @@ TEST(CausalInterestAttention, DropoutMaskIsReproducibleAndUsedInBackward) {
   // Central differences with the generator reset before each evaluation.
   auto f = [&] {
     torch::manual_seed(9);
-    return (fused(in, 5, p, true) * w).sum();
+    return (op(in, 5, p, true) * w).sum();
   };
   seqrec::testing::expect_gradients_match_central_differences(f, {in.q, in.ak, in.v}, 5);
   // Evaluation mode: no dropout, no generator draw.
-  EXPECT_TRUE(torch::allclose(fused(in, 5, p, false), fused(in, 5), 0, 0));
+  EXPECT_TRUE(torch::allclose(op(in, 5, p, false), op(in, 5), 0, 0));
 }
 
 TEST(CausalInterestAttention, CausalBitExactAndPaddingIsolated) {
@@ -257,7 +258,7 @@ TEST(CausalInterestAttention, CausalBitExactAndPaddingIsolated) {
   const int64_t L = 75;
   auto in = make_inputs(2, 2, L, 3, 4, {75, 30}, 3);
   for (int64_t chunk : {int64_t{0}, int64_t{16}, int64_t{7}}) {
-    auto base = fused(in, chunk);
+    auto base = op(in, chunk);
     auto moved = in;
     moved.q = in.q.clone(), moved.k = in.k.clone(), moved.v = in.v.clone();
     moved.ak = in.ak.clone(), moved.av = in.av.clone();
@@ -266,7 +267,7 @@ TEST(CausalInterestAttention, CausalBitExactAndPaddingIsolated) {
     moved.v.select(1, 60).normal_(0, 5);
     moved.ak.select(1, 60).fill_(50.0);
     moved.av.select(1, 60).fill_(-50.0);
-    auto out = fused(moved, chunk);
+    auto out = op(moved, chunk);
     EXPECT_TRUE(torch::equal(out.narrow(2, 0, 60), base.narrow(2, 0, 60))) << "chunk " << chunk;
     EXPECT_FALSE(torch::allclose(out.narrow(2, 60, 15), base.narrow(2, 60, 15))) << "chunk " << chunk;
 
@@ -277,7 +278,7 @@ TEST(CausalInterestAttention, CausalBitExactAndPaddingIsolated) {
     iso.v[1].narrow(0, 0, 45).normal_(0, 10);
     iso.ak[1].narrow(0, 0, 45).fill_(1e4);
     iso.av[1].narrow(0, 0, 45).fill_(-1e4);
-    auto got = fused(iso, chunk);
+    auto got = op(iso, chunk);
     ASSERT_TRUE(torch::isfinite(got).all().item<bool>());
     auto real = in.pad.logical_not().view({2, 1, L, 1});
     EXPECT_TRUE(torch::allclose(got * real, base * real, 1e-6, 1e-6)) << "chunk " << chunk;
@@ -313,9 +314,9 @@ std::string describe(const ScanCase& c, torch::Dtype dtype, double p) {
   return s.str();
 }
 
-// The scan's output and five gradients against the fused CPU kernel's. Float: the scan sums
-// slot by slot (and across lanes), the CPU kernel in chunks and GEMMs; relative to each
-// tensor's largest value both are within a few hundred ulp.
+// The scan's output and five gradients against the reference's (or the CPU's). Float: the scan
+// sums slot by slot (and across lanes), the reference in chunks and batched products; relative
+// to each tensor's largest value both are within a few hundred ulp.
 void expect_scan_close(const at::Tensor& out, const std::vector<at::Tensor>& grads, const at::Tensor& want,
                        const std::vector<at::Tensor>& g_want, torch::Dtype dtype, const std::string& where) {
   const double tol = dtype == torch::kFloat64 ? 1e-9 : 2e-4;
@@ -386,10 +387,12 @@ std::vector<at::Tensor> emulated_interest(const Inputs& in, const at::Tensor& ma
   return {out, gq, gk, gv, ga_sum.narrow(2, 0, K), ga_sum.narrow(2, K, K)};
 }
 
-// Against the CPU's fused kernel, in double and float, over scan_cases(), with and without
-// dropout (the mask the fused kernel draws). What this cannot show (the device's shuffles,
-// syncs, launch errors) is CudaKernelMatchesCpuKernel's, on a GPU.
-TEST(CausalInterestAttention, CudaKernelLogicMatchesCpuKernel) {
+// Against the reference composition, in double and float, over scan_cases(), with and without
+// dropout (the mask the reference draws from the same generator state). The 32-lane emulation
+// checks the kernel's lanes, which the CPU's one-lane rows (the other tests) leave unexercised;
+// what it cannot show (the device's shuffles, syncs, launch errors) is
+// CudaKernelMatchesCpuKernel's, on a GPU.
+TEST(CausalInterestAttention, CudaKernelLogicMatchesReference) {
   torch::manual_seed(27);
   for (const auto& c : scan_cases())
     for (auto dtype : {torch::kFloat64, torch::kFloat32})
@@ -401,9 +404,9 @@ TEST(CausalInterestAttention, CudaKernelLogicMatchesCpuKernel) {
         torch::manual_seed(7);
         if (p > 0) {
           mask = dropout_mask(torch::empty({c.B, c.H, c.L, c.K}, dtype), p, random_seed());
-          torch::manual_seed(7);  // the fused op draws the same seed
+          torch::manual_seed(7);  // the reference draws the same seed
         }
-        auto want = fused(in, 0, p, p > 0);
+        auto want = reference(in, p, p > 0);
         auto g_want = torch::autograd::grad({want}, in.all(), {g});
         auto got = dtype == torch::kFloat64 ? emulated_interest<double>(in, mask, g, c.chunk)
                                             : emulated_interest<float>(in, mask, g, c.chunk);
@@ -411,11 +414,11 @@ TEST(CausalInterestAttention, CudaKernelLogicMatchesCpuKernel) {
       }
 }
 
-// The device's path (detail::causal_interest_attention_scan: the kernel's row functions behind
-// the same autograd function, buffers and mask draw as on a GPU) on the CPU against the fused CPU
-// kernel: values, the five gradients, dropout under one generator state, the no-grad path, and
-// the generator left where the fused op leaves it. What a GPU adds is CudaKernelMatchesCpuKernel's.
-TEST(CausalInterestAttention, DevicePathOnTheCpuMatchesFusedKernel) {
+// The op on the CPU (the kernel's row functions on one lane, behind the autograd function,
+// buffers and mask draw a GPU shares) against the reference composition over the kernel's
+// shapes: values, the five gradients, dropout under one generator state with as many generator
+// draws as the reference makes, and the no-grad path (no checkpoints kept).
+TEST(CausalInterestAttention, ScanMatchesReferenceOnKernelShapes) {
   torch::manual_seed(30);
   for (auto c : scan_cases())
     for (auto dtype : {torch::kFloat64, torch::kFloat32})
@@ -424,16 +427,12 @@ TEST(CausalInterestAttention, DevicePathOnTheCpuMatchesFusedKernel) {
         auto in = make_inputs(c.B, c.H, c.L, c.Dh, c.K, c.lengths, c.spread, dtype, true);
         in.pad = padding_mask(c.lengths, c.L, c.left);
         auto g = torch::randn({c.B, c.H, c.L, c.Dh}, dtype);
-        auto scan = [&] {
-          return seqrec::ops::detail::causal_interest_attention_scan(in.q, in.k, in.v, in.ak, in.av, in.pad, p, p > 0,
-                                                                     c.chunk);
-        };
         torch::manual_seed(7);
-        auto want = fused(in, 0, p, p > 0);
+        auto want = reference(in, p, p > 0);
         auto want_next = torch::rand({2});
         auto g_want = torch::autograd::grad({want}, in.all(), {g});
         torch::manual_seed(7);
-        auto got = scan();
+        auto got = op(in, c.chunk, p, p > 0);
         auto got_next = torch::rand({2});
         auto g_got = torch::autograd::grad({got}, in.all(), {g});
         const std::string where = describe(c, dtype, p);
@@ -442,12 +441,12 @@ TEST(CausalInterestAttention, DevicePathOnTheCpuMatchesFusedKernel) {
         expect_scan_close(got, g_got, want, g_want, dtype, where);
         torch::NoGradGuard no_grad;
         torch::manual_seed(7);
-        EXPECT_TRUE(torch::equal(scan(), got.detach())) << where << " no-grad path";
+        EXPECT_TRUE(torch::equal(op(in, c.chunk, p, p > 0), got.detach())) << where << " no-grad path";
       }
 }
 
-// The CUDA kernels (what causal_interest_attention runs on a CUDA device) against the CPU's fused
-// kernel on the same inputs: values and every gradient, float and double, the emulation's
+// The CUDA kernels (what causal_interest_attention runs on a CUDA device) against the CPU's rows
+// on the same inputs: values and every gradient, float and double, the emulation's
 // shapes plus LightSANs' ML-1M shape (B 64, L 200, d 64 in 2 heads, k 20) and a long row
 // (L 1,000), and dropout under one generator state (the same mask on both devices). The no-grad
 // path (no checkpoints kept) gives the same output. GPU machines only.

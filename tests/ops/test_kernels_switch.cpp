@@ -46,7 +46,7 @@ std::vector<Case> cases() {
 
   auto kf = grad(torch::randn({B, L, D})), vf = grad(torch::randn({B, L, D}));
   auto lk = grad(torch::randn({B, L, 3})), lv = grad(torch::randn({B, L, 3}));
-  out.push_back({"interest", "CausalInterestAttention",
+  out.push_back({"interest", "CausalInterestScan",
                  [=] { return causal_interest_attention(q, kf, vf, lk, lv, pad, 0.0, false); },
                  [=] {
                    return interest_attention(q, causal_interest_aggregation(kf, lk, pad),
