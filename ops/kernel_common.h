@@ -27,7 +27,10 @@
 // A body's element loops, vectorised where the host compiler runs it as a CPU kernel: a source
 // file compiled with -fopenmp-simd and SEQREC_KERNEL_SIMD_LOOPS defined (ops/CMakeLists.txt)
 // gets `omp simd` on them (SEQREC_KERNEL_SIMD_SUM(acc): a sum into acc, whose order it may
-// change); elsewhere, nvcc and the emulated warps' tests included, they are plain loops.
+// change); elsewhere, nvcc and the emulated warps' tests included, they are plain loops. The
+// two expansions must not meet in one instantiation: a body's functions take the Warp as a
+// template argument, and each Warp type is instantiated in one kind of file only (SerialWarp in
+// the op's file, EmulatedWarp in the tests), so no function is defined twice differently.
 #define SEQREC_KERNEL_PRAGMA(x) _Pragma(#x)
 #if defined(SEQREC_KERNEL_SIMD_LOOPS) && !defined(__CUDACC__)
 #define SEQREC_KERNEL_SIMD SEQREC_KERNEL_PRAGMA(omp simd)

@@ -7,7 +7,7 @@
 //
 // Until 2026-11-28 the CPU ran its own kernel, a checkpointed scan over chunks of slots in GEMMs
 // and ATen ops with autograd recomputation; the row scan drew level with it per op and trains
-// LightSANs 6-22% faster per epoch (docs/benchmarks.md), so both devices now share one arithmetic.
+// LightSANs 6-20% faster per epoch (docs/benchmarks.md), so both devices now share one arithmetic.
 #include "ops/interest_attention/interest_attention.h"
 
 #include "ops/dropout/dropout.h"
