@@ -279,8 +279,11 @@ SEQREC_KERNEL_FN void backward_slot(Warp& warp, const Args<T>& a, const Slot<T>&
   const auto sm = softmax_of(warp, st, K);
   warp.each([&](int lane, NoState&) {
     SEQREC_KERNEL_SIMD
-    for (int64_t j = lane; j < K; j += Warp::kLanes)
-      sl.p[j] = kexp_nonpositive(st[j] - sm.top) / sm.den * a.keep(bh, t, j);
+    for (int64_t j = lane; j < K; j += Warp::kLanes) {
+      const T p = kexp_nonpositive(st[j] - sm.top) / sm.den;
+      sl.p[j] = p * a.keep(bh, t, j);
+      sl.ds[j] = p;  // this lane's until it turns it into ds below
+    }
   });
   warp.sync();  // dp and p
   const T sig = warp.sum([&](int lane, NoState&) {
@@ -291,11 +294,8 @@ SEQREC_KERNEL_FN void backward_slot(Warp& warp, const Args<T>& a, const Slot<T>&
   });
   warp.each([&](int lane, NoState&) {
     SEQREC_KERNEL_SIMD
-    for (int64_t j = lane; j < K; j += Warp::kLanes) {
-      const T keep = a.keep(bh, t, j);
-      const T p = kexp_nonpositive(st[j] - sm.top) / sm.den;
-      sl.ds[j] = a.scale * p * (keep * sl.dp[j] - sig);
-    }
+    for (int64_t j = lane; j < K; j += Warp::kLanes)
+      sl.ds[j] = a.scale * sl.ds[j] * (a.keep(bh, t, j) * sl.dp[j] - sig);
   });
   warp.sync();  // ds
   warp.each([&](int lane, NoState&) {
