@@ -1,8 +1,10 @@
 // LightSANs' causal item-to-interest aggregation and interest attention against loop-level
 // references in double: lengths that break the chunking, left padding, all-padding rows,
 // logits spread over hundreds (stability), causality, padding isolation, gradients against
-// central differences; the fused causal_interest_attention against their composition (outputs,
-// gradients, dropout mask, chunkings that break the length, causality, padding).
+// central differences; the fused causal_interest_attention (the slot-by-slot scan of
+// interest_attention_kernel.h) against their composition (outputs, gradients, dropout mask,
+// checkpoint intervals that break the length, causality, padding), and the scan's CUDA kernel:
+// emulated lane by lane here, on a device in the GPU tier.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -285,7 +287,8 @@ TEST(CausalInterestAttention, CausalBitExactAndPaddingIsolated) {
   }
 }
 
-// ---- the scan of interest_attention_kernel.h (the CUDA kernels and the device path) ----
+// ---- the scan of interest_attention_kernel.h on the kernel's shapes: the CPU's rows, the
+// ---- CUDA kernel emulated, and the CUDA kernel itself ----
 
 // A shape for the scan's checks; `chunk` is its checkpoint interval (0: the op's choice).
 struct ScanCase {
