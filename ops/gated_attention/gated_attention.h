@@ -2,10 +2,10 @@
 // The attention of FLASH4Rec's gated attention layer (Yan & Li 2023, slides Eqs. 4, 5 and 7-9;
 // FLASH's GAU, Hua et al. 2022): out = A·V. The model computes Z, the scale/offset transforms
 // q = Q(Z), k = K(Z), the values V, the gate U and the output projection; this op is only A·V.
-// The ATen reference runs on any device and differentiates through autograd w.r.t. q, k and v;
-// a fused CUDA kernel will sit behind these same signatures (gated_attention's body is the seam:
-// the cosine form as one chunked scan, the softmax form as a flash-style kernel, and Top-K
-// dropout as a second pass over rows that still needs A's rows in full).
+// The ATen reference runs on any device and differentiates through autograd w.r.t. q, k and v.
+// The fused kernel (gated_attention_kernel.h: gated_attention.cu on a CUDA device, the same row
+// functions on the CPU) takes the explicit path's cases below, with no L x L tensor: the
+// softmax form, and either form under active Top-K dropout with its per-row rescale (causal).
 //
 // Per sequence b and head h (omitted), with q, k [L, s], v [L, e]:
 //   visible(i, j) = slot i and slot j are real (not padded), and j <= i when causal.
@@ -36,8 +36,14 @@
 // exactly from a saved RNG state and one manual_seed reproduces a run on any device.
 //
 // Paths and costs per (b, h):
-//   explicit (softmax form, or any form with active Top-K dropout): A is materialised,
-//     O(L²·(s + e)) time, O(L²) memory; topk adds O(L²·log k).
+//   fused (the softmax form, or either form under active causal Top-K dropout; float or double,
+//     s and e <= 256, fused kernels on; on a CUDA device L within the kernel's shared-memory
+//     scratch, gated_attention_cuda.h): one warp per query row forward, per query row and then
+//     per key row backward, recomputing each row's scores, O(L²·(s + e)) time, topk adds
+//     O(L·topk·L / 32) per row's selection, and O(L·topk) memory beyond the inputs.
+//   explicit (the same cases elsewhere, and bidirectional Top-K dropout, whose one rescale per
+//     matrix needs every row at once): A is materialised, O(L²·(s + e)) time, O(L²) memory;
+//     topk adds O(L²·log k).
 //   linear (cosine form without active Top-K dropout), no L x L tensor: with 1 prepended to
 //     q̂ and k̂ and the real-slot indicator appended to v, a single linear-attention product
 //     gives the numerator sum_j v_j + q̂_i·(sum_j k̂_jᵀ v_j) and the normaliser
@@ -67,9 +73,22 @@ struct GatedAttentionOptions {
 
 // q, k: [B, H, L, s] float; v: [B, H, L, e] of q's dtype; key_padding: [B, L] bool, true at
 // padded slots. Returns A'·v, [B, H, L, e], 0 at padded slots. Throws c10::Error naming the
-// argument on a bad shape, dtype, form, topk or topk_dropout.
+// argument on a bad shape, dtype, device, form, topk or topk_dropout. The fused kernel where it
+// takes the call (gated_attention_fused_takes), else gated_attention_reference.
 at::Tensor gated_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& key_padding, const GatedAttentionOptions& options);
+
+// The ATen composition of the same op (the explicit and linear paths), differentiated by
+// autograd: what the fused kernel is tested against, and what runs where it does not.
+at::Tensor gated_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& key_padding, const GatedAttentionOptions& options);
+
+// Whether gated_attention runs the fused kernel for these arguments (the cases of "fused" above).
+bool gated_attention_fused_takes(const at::Tensor& q, const at::Tensor& v, const GatedAttentionOptions& options);
+
+// The fused kernel itself (gated_attention_fused.cpp), for arguments it takes; no checks.
+at::Tensor gated_attention_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& key_padding, const GatedAttentionOptions& options);
 
 // gated_attention over the rows of q, k [B, H, L, s] and v [B, H, L, e] in up to `groups`
 // slices sorted by real length, each trimmed to the columns its longest row uses (for models

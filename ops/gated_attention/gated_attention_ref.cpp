@@ -148,13 +148,33 @@ at::Tensor gated_attention_weights(const at::Tensor& q, const at::Tensor& k, con
                                 options.topk_dropout, options.training, /*per_row=*/options.causal);
 }
 
-at::Tensor gated_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const at::Tensor& key_padding, const GatedAttentionOptions& options) {
+namespace {
+
+void check_gated_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_padding,
+                      const GatedAttentionOptions& options) {
   check_qk(q, k, key_padding, options);
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2);
   TORCH_CHECK(v.dim() == 4 && v.size(0) == B && v.size(1) == H && v.size(2) == L && v.scalar_type() == q.scalar_type(),
               "v must be [B, H, L, e] with [B, H, L] = [", B, ", ", H, ", ", L, "] of q's dtype ", q.scalar_type(),
               "; got ", v.sizes(), " ", v.scalar_type());
+  TORCH_CHECK(k.device() == q.device() && v.device() == q.device() && key_padding.device() == q.device(),
+              "q, k, v and key_padding must be on one device; got ", q.device(), ", ", k.device(), ", ", v.device(),
+              ", ", key_padding.device());
+}
+
+}  // namespace
+
+at::Tensor gated_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& key_padding, const GatedAttentionOptions& options) {
+  check_gated_args(q, k, v, key_padding, options);
+  if (gated_attention_fused_takes(q, v, options)) return gated_attention_fused(q, k, v, key_padding, options);
+  return gated_attention_reference(q, k, v, key_padding, options);
+}
+
+at::Tensor gated_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& key_padding, const GatedAttentionOptions& options) {
+  check_gated_args(q, k, v, key_padding, options);
+  const int64_t B = q.size(0), L = q.size(2);
   if (options.form == GatedAttentionForm::kCosine &&
       !topk_dropout_active(options.topk, options.topk_dropout, options.training))
     return cosine_linear(q, k, v, key_padding, options.causal);
@@ -169,7 +189,9 @@ at::Tensor gated_attention_by_length(const at::Tensor& q, const at::Tensor& k, c
   TORCH_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(2) == q.size(2), "v must be [B, H, L, e] like q ",
               q.sizes(), "; got ", v.sizes());
   const int64_t B = q.size(0), L = q.size(2);
-  if (groups <= 1 || B <= 1 || L == 0) return gated_attention(q, k, v, key_padding, o);
+  // The fused kernel skips padded slots by itself, and runs whole batches.
+  if (groups <= 1 || B <= 1 || L == 0 || gated_attention_fused_takes(q, v, o))
+    return gated_attention(q, k, v, key_padding, o);
   auto lengths = key_padding.logical_not().sum(1);  // [B]
   // Left padding: each row's real slots are its last `length` ones.
   auto slot = torch::arange(L, lengths.options()).unsqueeze(0);

@@ -1,7 +1,8 @@
 // FLASH4Rec's gated attention (A·V with the softmax or the "1 + cos" form) against a loop-level
 // reference in double, on shapes that break the 64-slot chunk tiling (length 1, odd lengths,
 // lengths not a multiple of the chunk, all-padding rows, left and right padding, H > 1, s != e);
-// the linear cosine path against the explicit matrix (a long sequence included); causality,
+// the linear cosine path against the explicit matrix (a long sequence included); the fused
+// kernel (CPU, and its CUDA body on an emulated warp) against the ATen reference; causality,
 // padding isolation, gradients, Top-K attention dropout and named errors. Also the length
 // slicing (ops/length_slices) that the length-grouped call and the trainer share.
 #include <gtest/gtest.h>
@@ -14,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "ops/dropout/dropout.h"
 #include "ops/gated_attention/gated_attention.h"
+#include "ops/gated_attention/gated_attention_kernel.h"
 #include "ops/length_slices/length_slices.h"
 #include "tests/ops/op_test_util.h"
 
@@ -532,6 +535,163 @@ TEST(GatedAttention, LengthGroupsGiveTheWholeBatchResult) {
 
 // Slicing by length: rows longest first with ties in batch order, runs of ceil(B / groups),
 // each as wide as its first row, slices of empty rows dropped, and the inverse order.
+// The configurations the fused kernel takes: the softmax form either way, and both forms under
+// causal Top-K dropout (topk below and above the row lengths, so that some rows lose every entry
+// and are kept whole).
+struct FusedConfig {
+  GatedAttentionForm form;
+  bool causal;
+  int64_t topk;
+  double p;
+};
+
+const std::vector<FusedConfig>& fused_configs() {
+  static const std::vector<FusedConfig> all = {
+      {GatedAttentionForm::kSoftmax, true, 0, 0.0},  {GatedAttentionForm::kSoftmax, false, 0, 0.0},
+      {GatedAttentionForm::kSoftmax, true, 3, 0.5},  {GatedAttentionForm::kCosine, true, 3, 0.5},
+      {GatedAttentionForm::kSoftmax, true, 200, 0.3}, {GatedAttentionForm::kCosine, true, 1, 0.9},
+  };
+  return all;
+}
+
+std::string describe(const FusedConfig& f, at::ScalarType dtype) {
+  return describe(f.form, f.causal) + " topk " + std::to_string(f.topk) + " p " + std::to_string(f.p) +
+         (dtype == torch::kFloat64 ? " double" : " float");
+}
+
+struct Grads {
+  at::Tensor out, gq, gk, gv;
+};
+
+// The reference's output and gradients for upstream gradient g, its Top-K dropout seeded by
+// manual_seed(seed).
+Grads reference_grads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pad,
+                      const GatedAttentionOptions& o, const at::Tensor& g, uint64_t seed) {
+  auto qr = q.detach().requires_grad_(), kr = k.detach().requires_grad_(), vr = v.detach().requires_grad_();
+  torch::manual_seed(seed);
+  auto out = seqrec::ops::gated_attention_reference(qr, kr, vr, pad, o);
+  auto grads = torch::autograd::grad({out}, {qr, kr, vr}, {g});
+  return {out.detach(), grads[0], grads[1], grads[2]};
+}
+
+// Float: the kernel's dot products run four partial sums, the reference's GEMMs their own order;
+// over s, e <= 9 and L <= 130 both are within a few ulp of the largest value.
+void expect_close(const Grads& got, const Grads& want, double tol, const std::string& where) {
+  auto close = [&](const at::Tensor& a, const at::Tensor& b) {
+    return torch::isfinite(a).all().item<bool>() && max_err(a, b) <= tol * std::max(1.0, b.abs().max().item<double>());
+  };
+  EXPECT_TRUE(close(got.out, want.out)) << where << " out, max err " << max_err(got.out, want.out);
+  EXPECT_TRUE(close(got.gq, want.gq)) << where << " grad q, max err " << max_err(got.gq, want.gq);
+  EXPECT_TRUE(close(got.gk, want.gk)) << where << " grad k, max err " << max_err(got.gk, want.gk);
+  EXPECT_TRUE(close(got.gv, want.gv)) << where << " grad v, max err " << max_err(got.gv, want.gv);
+}
+
+// What gated_attention runs on the CPU (the fused kernel's rows on a one-lane warp) against the
+// reference under one generator state: values and the three gradients, every shape case, float
+// and double, each configuration the kernel takes.
+TEST(GatedAttention, FusedKernelMatchesReference) {
+  torch::manual_seed(41);
+  for (const auto& c : cases())
+    for (auto dtype : {torch::kFloat64, torch::kFloat32})
+      for (const auto& f : fused_configs()) {
+        const auto o = options(f.form, f.causal, f.topk, f.p, true);
+        auto q = torch::randn({c.B, c.H, c.L, c.s}, dtype), k = torch::randn({c.B, c.H, c.L, c.s}, dtype);
+        auto v = torch::randn({c.B, c.H, c.L, c.e}, dtype), g = torch::randn({c.B, c.H, c.L, c.e}, dtype);
+        auto pad = padding_mask(c.lengths, c.L, c.left);
+        const std::string at = where(c) + " " + describe(f, dtype);
+        ASSERT_TRUE(seqrec::ops::gated_attention_fused_takes(q, v, o)) << at;
+        auto qf = q.clone().requires_grad_(), kf = k.clone().requires_grad_(), vf = v.clone().requires_grad_();
+        torch::manual_seed(7);
+        auto out = gated_attention(qf, kf, vf, pad, o);
+        ASSERT_TRUE(out.grad_fn()) << at;
+        EXPECT_NE(out.grad_fn()->name().find("FusedGatedAttention"), std::string::npos) << at;
+        auto grads = torch::autograd::grad({out}, {qf, kf, vf}, {g});
+        expect_close({out.detach(), grads[0], grads[1], grads[2]}, reference_grads(q, k, v, pad, o, g, 7),
+                     dtype == torch::kFloat64 ? 1e-10 : 2e-5, at);
+      }
+}
+
+// The fused path's cases and the ones it leaves to the reference.
+TEST(GatedAttention, FusedKernelTakesTheExplicitPathsCases) {
+  auto q = torch::randn({1, 1, 5, 4}), v = torch::randn({1, 1, 5, 3});
+  using seqrec::ops::gated_attention_fused_takes;
+  EXPECT_TRUE(gated_attention_fused_takes(q, v, options(GatedAttentionForm::kSoftmax, true)));
+  EXPECT_TRUE(gated_attention_fused_takes(q, v, options(GatedAttentionForm::kSoftmax, false)));
+  EXPECT_TRUE(gated_attention_fused_takes(q, v, options(GatedAttentionForm::kCosine, true, 2, 0.1, true)));
+  // The cosine form's linear path; bidirectional Top-K dropout's one rescale per matrix.
+  EXPECT_FALSE(gated_attention_fused_takes(q, v, options(GatedAttentionForm::kCosine, true)));
+  EXPECT_FALSE(gated_attention_fused_takes(q, v, options(GatedAttentionForm::kCosine, true, 2, 0.1, false)));
+  EXPECT_FALSE(gated_attention_fused_takes(q, v, options(GatedAttentionForm::kSoftmax, false, 2, 0.1, true)));
+  EXPECT_FALSE(gated_attention_fused_takes(q.to(torch::kBFloat16), v, options(GatedAttentionForm::kSoftmax, true)));
+  EXPECT_FALSE(gated_attention_fused_takes(torch::randn({1, 1, 5, 257}), v, options(GatedAttentionForm::kSoftmax, true)));
+  const seqrec::testing::ScopedFusedKernels off(false);
+  EXPECT_FALSE(gated_attention_fused_takes(q, v, options(GatedAttentionForm::kSoftmax, true)));
+}
+
+// The CUDA kernels' body (gated_attention.cu runs these row functions with one warp per row) on
+// an emulated 32-lane warp, against the reference: values and gradients, as above.
+template <typename T>
+Grads emulated(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pad,
+               const GatedAttentionOptions& o, const at::Tensor& g, uint64_t seed) {
+  namespace gk = seqrec::ops::cuda::gated_kernel;
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), rows = B * H * L;
+  const bool dropout = o.training && o.topk > 0 && o.topk_dropout > 0;
+  Grads r{torch::zeros_like(v), torch::zeros_like(q), torch::zeros_like(k), torch::zeros_like(v)};
+  auto qn = q.norm(2, -1).contiguous(), kn = k.norm(2, -1).contiguous();
+  auto stats = torch::zeros({rows, gk::kStats}, q.options());
+  auto dropped = torch::full({rows, std::max<int64_t>(o.topk, 1)}, -7, torch::kInt);
+  auto gc = g.contiguous(), padc = pad.contiguous();
+  gk::Args<T> a{};
+  a.q = q.data_ptr<T>();
+  a.k = k.data_ptr<T>();
+  a.v = v.data_ptr<T>();
+  a.pad = padc.data_ptr<bool>();
+  const bool cosine = o.form == GatedAttentionForm::kCosine;
+  a.qn = cosine ? qn.data_ptr<T>() : nullptr;
+  a.kn = cosine ? kn.data_ptr<T>() : nullptr;
+  a.out = r.out.data_ptr<T>();
+  a.stats = stats.data_ptr<T>();
+  a.dropped = dropout ? dropped.data_ptr<int32_t>() : nullptr;
+  a.grad = gc.data_ptr<T>();
+  a.gq = r.gq.data_ptr<T>();
+  a.gk = r.gk.data_ptr<T>();
+  a.gv = r.gv.data_ptr<T>();
+  a.B = B;
+  a.H = H;
+  a.L = L;
+  a.s = q.size(3);
+  a.e = v.size(3);
+  a.topk = o.topk;
+  a.scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  a.causal = o.causal;
+  a.cosine = cosine;
+  if (dropout) {
+    torch::manual_seed(seed);
+    a.hash_base = seqrec::ops::mix64(seqrec::ops::random_seed() ^ 0x9E3779B97F4A7C15ull);
+    a.threshold = static_cast<uint32_t>(o.topk_dropout * 65536.0 + 0.5);
+  }
+  gk::emulate(a, /*backward=*/false);
+  gk::emulate(a, /*backward=*/true);
+  return r;
+}
+
+TEST(GatedAttention, CudaKernelLogicMatchesReference) {
+  torch::manual_seed(43);
+  auto all = cases();
+  all.push_back({2, 1, 45, 40, 70, {45, 20}, true});  // rows wider than a warp (s 40, e 70)
+  for (const auto& c : all)
+    for (auto dtype : {torch::kFloat64, torch::kFloat32})
+      for (const auto& f : fused_configs()) {
+        const auto o = options(f.form, f.causal, f.topk, f.p, true);
+        auto q = torch::randn({c.B, c.H, c.L, c.s}, dtype), k = torch::randn({c.B, c.H, c.L, c.s}, dtype);
+        auto v = torch::randn({c.B, c.H, c.L, c.e}, dtype), g = torch::randn({c.B, c.H, c.L, c.e}, dtype);
+        auto pad = padding_mask(c.lengths, c.L, c.left);
+        auto got = dtype == torch::kFloat64 ? emulated<double>(q, k, v, pad, o, g, 9) : emulated<float>(q, k, v, pad, o, g, 9);
+        expect_close(got, reference_grads(q, k, v, pad, o, g, 9), dtype == torch::kFloat64 ? 1e-10 : 2e-5,
+                     where(c) + " " + describe(f, dtype));
+      }
+}
+
 TEST(LengthSlices, SortedRunsAsWideAsTheirLongestRow) {
   using seqrec::ops::slice_by_length;
   auto lengths = torch::tensor(std::vector<int64_t>{3, 0, 7, 3, 0, 5, 0});
