@@ -4,8 +4,8 @@
 //                   [--codebooks 8] [--codewords 16] [--iters 3] [--device cpu|cuda|cuda:N]
 // OP: softmax | linrec | linrec:global | linrec:packed | linear | linear:reference | linear:global | linear:global:reference
 //     | lightsans | lightsans:reference | lisa | lisa:reference | routing
-//     | routing:reference | gated:softmax
-//     | gated:cosine | model:<name> | loss:softmax | loss:softmax:recompute
+//     | routing:reference | gated:softmax[:topk][:reference]
+//     | gated:cosine[:topk][:reference] | model:<name> | loss:softmax | loss:softmax:recompute
 // linrec:packed is linrec:global on the packed [B, L, 3·dim] projection the model passes (its heads
 // read in place). linear is the causal linear-attention product alone (the fused kernel of the device: CPU or
 // CUDA), linear:reference its chunked ATen reference; linear:global the non-causal product (the
@@ -13,7 +13,8 @@
 // (model:flash4rec:cosine for FLASH4Rec's linear form). routing is the causal routing op at the
 // paper's optimum (K = W = S = round(sqrt(L)) centroids, window, chunk) with its local heads'
 // window 2S (routing:reference: its routed heads through the ATen reference, not the device's
-// kernel); gated:* is FLASH4Rec's attention (one head, s = e = dim). model:<name> times a whole
+// kernel); gated:* is FLASH4Rec's attention (one head, s = e = dim; :topk with its config's Top-K
+// dropout, k 10 at p 0.1; :reference the ATen reference, not the fused kernel). model:<name> times a whole
 // model (2 blocks, ML-1M's 3,416 items, every slot real): encode, a softmax over the items at the
 // last slot, backward. loss:softmax is the full-catalogue softmax loss (ops/softmax_loss) over
 // --tokens hidden states of --dim against --items items (default 3,416), keeping the forward's
@@ -45,6 +46,10 @@
 
 namespace {
 
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
 double status_mb(const char* key) {
   std::ifstream f("/proc/self/status");
   std::string line;
@@ -55,7 +60,7 @@ double status_mb(const char* key) {
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|linrec:global|linrec:packed|linear|linear:reference|linear:global|linear:global:reference|lightsans|lightsans:reference|lisa|lisa:reference|routing|routing:reference|"
-               "gated:softmax|gated:cosine|model:<name>[:cosine]|loss:softmax[:recompute] --len L "
+               "gated:softmax|gated:cosine[:topk][:reference]|model:<name>[:cosine]|loss:softmax[:recompute] --len L "
                "[--tokens N] [--dim D] [--items N] [--heads H] [--interests K] [--codebooks C] [--codewords W] [--iters I] "
                "[--device cpu|cuda|cuda:N]\n",
                why.c_str());
@@ -175,14 +180,25 @@ int main(int argc, char** argv) {
       auto routed = attend(unit, v, plan, pad, 1.0 / std::sqrt(static_cast<double>(dh)), 0.0, true);
       return torch::cat({routed, seqrec::ops::local_attention(q, k, v, pad, 2 * W, 0.0, true)}, 1);
     };
-  } else if (op == "gated:softmax" || op == "gated:cosine") {
+  } else if (op.rfind("gated:", 0) == 0) {
     auto q = leaf(torch::randn({B, 1, len, dim}, opt)), k = leaf(torch::randn({B, 1, len, dim}, opt)),
          v = leaf(torch::randn({B, 1, len, dim}, opt));
     seqrec::ops::GatedAttentionOptions go;
-    go.form = seqrec::ops::parse_gated_attention_form(op.substr(6));
+    std::string rest = op.substr(6);
+    const bool reference = ends_with(rest, ":reference");
+    if (reference) rest.resize(rest.size() - 10);
+    if (ends_with(rest, ":topk")) {  // FLASH4Rec's config: Top-K dropout of the top 10 at p 0.1
+      rest.resize(rest.size() - 5);
+      go.topk = 10;
+      go.topk_dropout = 0.1;
+    }
+    go.form = seqrec::ops::parse_gated_attention_form(rest);
     go.causal = true;
     go.training = true;
-    run = [=] { return seqrec::ops::gated_attention(q, k, v, pad, go); };
+    run = [=] {
+      return reference ? seqrec::ops::gated_attention_reference(q, k, v, pad, go)
+                       : seqrec::ops::gated_attention(q, k, v, pad, go);
+    };
   } else if (op == "loss:softmax" || op == "loss:softmax:recompute") {
     auto hidden = leaf(torch::randn({tokens, dim}, opt));
     auto table = leaf(torch::randn({items + 1, dim}, opt) * 0.1);

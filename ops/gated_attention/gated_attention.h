@@ -3,9 +3,10 @@
 // FLASH's GAU, Hua et al. 2022): out = A·V. The model computes Z, the scale/offset transforms
 // q = Q(Z), k = K(Z), the values V, the gate U and the output projection; this op is only A·V.
 // The ATen reference runs on any device and differentiates through autograd w.r.t. q, k and v.
-// The fused kernel (gated_attention_kernel.h: gated_attention.cu on a CUDA device, the same row
-// functions on the CPU) takes the explicit path's cases below, with no L x L tensor: the
-// softmax form, and either form under active Top-K dropout with its per-row rescale (causal).
+// On a CUDA device the fused kernel (gated_attention_kernel.h, gated_attention.cu) takes the
+// explicit path's cases below, with no L x L tensor: the softmax form, and either form under
+// active Top-K dropout with its per-row rescale (causal). On the CPU the reference runs (its
+// GEMMs are faster there than the kernel's rows; docs/benchmarks.md).
 //
 // Per sequence b and head h (omitted), with q, k [L, s], v [L, e]:
 //   visible(i, j) = slot i and slot j are real (not padded), and j <= i when causal.
@@ -36,9 +37,9 @@
 // exactly from a saved RNG state and one manual_seed reproduces a run on any device.
 //
 // Paths and costs per (b, h):
-//   fused (the softmax form, or either form under active causal Top-K dropout; float or double,
-//     s and e <= 256, fused kernels on; on a CUDA device L within the kernel's shared-memory
-//     scratch, gated_attention_cuda.h): one warp per query row forward, per query row and then
+//   fused (a CUDA device, fused kernels on, gated_attention_kernel_supports: the softmax form,
+//     or either form under active causal Top-K dropout; float or double, s and e <= 256, L
+//     within the kernel's shared-memory scratch, gated_attention_cuda.h): one warp per query row forward, per query row and then
 //     per key row backward, recomputing each row's scores, O(L²·(s + e)) time, topk adds
 //     O(L·topk·L / 32) per row's selection, and O(L·topk) memory beyond the inputs.
 //   explicit (the same cases elsewhere, and bidirectional Top-K dropout, whose one rescale per
@@ -83,10 +84,16 @@ at::Tensor gated_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 at::Tensor gated_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const at::Tensor& key_padding, const GatedAttentionOptions& options);
 
-// Whether gated_attention runs the fused kernel for these arguments (the cases of "fused" above).
+// Whether the fused kernel computes these arguments (dtype, widths, form and Top-K cases; on a
+// CUDA device the length too), on whichever device q is.
+bool gated_attention_kernel_supports(const at::Tensor& q, const at::Tensor& v, const GatedAttentionOptions& options);
+
+// Whether gated_attention runs the fused kernel: fused kernels on, q on a CUDA device, and
+// gated_attention_kernel_supports.
 bool gated_attention_fused_takes(const at::Tensor& q, const at::Tensor& v, const GatedAttentionOptions& options);
 
-// The fused kernel itself (gated_attention_fused.cpp), for arguments it takes; no checks.
+// The fused kernel itself (gated_attention_fused.cpp) for arguments it supports, on the CPU
+// (one lane per row; for the tests) or a CUDA device; no checks.
 at::Tensor gated_attention_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& key_padding, const GatedAttentionOptions& options);
 

@@ -1,10 +1,10 @@
 // FLASH4Rec's gated attention through the fused kernel (gated_attention_kernel.h): one warp per
 // query row forward, per query row and then per key row backward, on a CUDA device
-// (gated_attention.cu) or on the CPU with a one-lane warp, rows spread over the threads. It
-// takes the explicit path's cases (the softmax form, and either form under active Top-K
-// dropout with its per-row rescale, i.e. causal) and never makes an L x L tensor; the rest runs
-// gated_attention_reference. Top-K dropout draws its seed as the reference does (one
-// random_seed() per call) and the kernel hashes dropout_mask's bits, so one generator state
+// (gated_attention.cu), or on the CPU with a one-lane warp, rows spread over the threads (what
+// the tests run: the same host glue as the device's). It takes the explicit path's cases (the
+// softmax form, and either form under active Top-K dropout with its per-row rescale, i.e.
+// causal) and never makes an L x L tensor. Top-K dropout draws its seed as the reference does
+// (one random_seed() per call) and the kernel hashes dropout_mask's bits, so one generator state
 // drops the same entries either way.
 #include "ops/gated_attention/gated_attention.h"
 
@@ -201,18 +201,23 @@ bool grad_wanted(std::initializer_list<at::Tensor> inputs) {
 
 }  // namespace
 
-bool gated_attention_fused_takes(const at::Tensor& q, const at::Tensor& v, const GatedAttentionOptions& o) {
-  if (!fused_kernels() || (q.scalar_type() != at::kFloat && q.scalar_type() != at::kDouble)) return false;
+bool gated_attention_kernel_supports(const at::Tensor& q, const at::Tensor& v, const GatedAttentionOptions& o) {
+  if (q.scalar_type() != at::kFloat && q.scalar_type() != at::kDouble) return false;
   if (q.size(2) == 0 || q.size(3) > gk::kMaxDim || v.size(3) > gk::kMaxDim) return false;
   // The linear path (O(L)) is cheaper; Top-K dropout's one rescale per matrix (bidirectional)
   // needs every row at once.
   if (o.form == GatedAttentionForm::kCosine && !topk_active(o)) return false;
   if (topk_active(o) && !o.causal) return false;
-  if (q.device().is_cpu()) return true;
 #if SEQREC_HAVE_CUDA
   if (q.is_cuda()) return cuda::gated_attention_cuda_fits(q.size(2), static_cast<int64_t>(q.element_size()));
 #endif
-  return false;
+  return q.device().is_cpu();
+}
+
+bool gated_attention_fused_takes(const at::Tensor& q, const at::Tensor& v, const GatedAttentionOptions& o) {
+  // On the CPU the reference's GEMMs run the same arithmetic faster than rows of dot products
+  // (docs/benchmarks.md), so there the kernel's rows serve the tests only.
+  return fused_kernels() && !q.device().is_cpu() && gated_attention_kernel_supports(q, v, o);
 }
 
 at::Tensor gated_attention_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -76,6 +76,7 @@ SEQREC_KERNEL_FN bool drops(const Args<T>& a, int64_t idx) {
   return static_cast<uint32_t>((h >> (16 * (idx & 3))) & 0xFFFFu) < a.threshold;
 }
 
+// A lane's dot product: four interleaved partial sums, independent chains.
 template <typename T>
 SEQREC_KERNEL_FN T dot(const T* x, const T* y, int64_t n) {
   T a0 = T(0), a1 = T(0), a2 = T(0), a3 = T(0);

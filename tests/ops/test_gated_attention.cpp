@@ -586,9 +586,9 @@ void expect_close(const Grads& got, const Grads& want, double tol, const std::st
   EXPECT_TRUE(close(got.gv, want.gv)) << where << " grad v, max err " << max_err(got.gv, want.gv);
 }
 
-// What gated_attention runs on the CPU (the fused kernel's rows on a one-lane warp) against the
-// reference under one generator state: values and the three gradients, every shape case, float
-// and double, each configuration the kernel takes.
+// The fused kernel's host glue and rows on the CPU (a one-lane warp; what gated_attention runs on
+// a CUDA device, with a 32-lane warp) against the reference under one generator state: values
+// and the three gradients, every shape case, float and double, each configuration it takes.
 TEST(GatedAttention, FusedKernelMatchesReference) {
   torch::manual_seed(41);
   for (const auto& c : cases())
@@ -599,10 +599,11 @@ TEST(GatedAttention, FusedKernelMatchesReference) {
         auto v = torch::randn({c.B, c.H, c.L, c.e}, dtype), g = torch::randn({c.B, c.H, c.L, c.e}, dtype);
         auto pad = padding_mask(c.lengths, c.L, c.left);
         const std::string at = where(c) + " " + describe(f, dtype);
-        ASSERT_TRUE(seqrec::ops::gated_attention_fused_takes(q, v, o)) << at;
+        ASSERT_TRUE(seqrec::ops::gated_attention_kernel_supports(q, v, o)) << at;
+        EXPECT_FALSE(seqrec::ops::gated_attention_fused_takes(q, v, o)) << at << ": the CPU runs the reference";
         auto qf = q.clone().requires_grad_(), kf = k.clone().requires_grad_(), vf = v.clone().requires_grad_();
         torch::manual_seed(7);
-        auto out = gated_attention(qf, kf, vf, pad, o);
+        auto out = seqrec::ops::gated_attention_fused(qf, kf, vf, pad, o);
         ASSERT_TRUE(out.grad_fn()) << at;
         EXPECT_NE(out.grad_fn()->name().find("FusedGatedAttention"), std::string::npos) << at;
         auto grads = torch::autograd::grad({out}, {qf, kf, vf}, {g});
@@ -611,21 +612,24 @@ TEST(GatedAttention, FusedKernelMatchesReference) {
       }
 }
 
-// The fused path's cases and the ones it leaves to the reference.
-TEST(GatedAttention, FusedKernelTakesTheExplicitPathsCases) {
+// The fused kernel's cases and the ones it leaves to the reference.
+TEST(GatedAttention, FusedKernelSupportsTheExplicitPathsCases) {
   auto q = torch::randn({1, 1, 5, 4}), v = torch::randn({1, 1, 5, 3});
-  using seqrec::ops::gated_attention_fused_takes;
-  EXPECT_TRUE(gated_attention_fused_takes(q, v, options(GatedAttentionForm::kSoftmax, true)));
-  EXPECT_TRUE(gated_attention_fused_takes(q, v, options(GatedAttentionForm::kSoftmax, false)));
-  EXPECT_TRUE(gated_attention_fused_takes(q, v, options(GatedAttentionForm::kCosine, true, 2, 0.1, true)));
+  using seqrec::ops::gated_attention_kernel_supports;
+  EXPECT_TRUE(gated_attention_kernel_supports(q, v, options(GatedAttentionForm::kSoftmax, true)));
+  EXPECT_TRUE(gated_attention_kernel_supports(q, v, options(GatedAttentionForm::kSoftmax, false)));
+  EXPECT_TRUE(gated_attention_kernel_supports(q, v, options(GatedAttentionForm::kCosine, true, 2, 0.1, true)));
   // The cosine form's linear path; bidirectional Top-K dropout's one rescale per matrix.
-  EXPECT_FALSE(gated_attention_fused_takes(q, v, options(GatedAttentionForm::kCosine, true)));
-  EXPECT_FALSE(gated_attention_fused_takes(q, v, options(GatedAttentionForm::kCosine, true, 2, 0.1, false)));
-  EXPECT_FALSE(gated_attention_fused_takes(q, v, options(GatedAttentionForm::kSoftmax, false, 2, 0.1, true)));
-  EXPECT_FALSE(gated_attention_fused_takes(q.to(torch::kBFloat16), v, options(GatedAttentionForm::kSoftmax, true)));
-  EXPECT_FALSE(gated_attention_fused_takes(torch::randn({1, 1, 5, 257}), v, options(GatedAttentionForm::kSoftmax, true)));
-  const seqrec::testing::ScopedFusedKernels off(false);
-  EXPECT_FALSE(gated_attention_fused_takes(q, v, options(GatedAttentionForm::kSoftmax, true)));
+  EXPECT_FALSE(gated_attention_kernel_supports(q, v, options(GatedAttentionForm::kCosine, true)));
+  EXPECT_FALSE(gated_attention_kernel_supports(q, v, options(GatedAttentionForm::kCosine, true, 2, 0.1, false)));
+  EXPECT_FALSE(gated_attention_kernel_supports(q, v, options(GatedAttentionForm::kSoftmax, false, 2, 0.1, true)));
+  EXPECT_FALSE(gated_attention_kernel_supports(q.to(torch::kBFloat16), v, options(GatedAttentionForm::kSoftmax, true)));
+  EXPECT_FALSE(
+      gated_attention_kernel_supports(torch::randn({1, 1, 5, 257}), v, options(GatedAttentionForm::kSoftmax, true)));
+  // On the CPU gated_attention runs the reference.
+  auto out = gated_attention(q.requires_grad_(), q, v, torch::zeros({1, 5}, torch::kBool),
+                             options(GatedAttentionForm::kSoftmax, true));
+  EXPECT_EQ(out.grad_fn()->name().find("FusedGatedAttention"), std::string::npos) << out.grad_fn()->name();
 }
 
 // The CUDA kernels' body (gated_attention.cu runs these row functions with one warp per row) on
@@ -690,6 +694,39 @@ TEST(GatedAttention, CudaKernelLogicMatchesReference) {
         expect_close(got, reference_grads(q, k, v, pad, o, g, 9), dtype == torch::kFloat64 ? 1e-10 : 2e-5,
                      where(c) + " " + describe(f, dtype));
       }
+}
+
+// The CUDA kernels (what gated_attention runs on a CUDA device) against the reference on the CPU
+// under one generator state: values and gradients, float and double, the shape cases and
+// FLASH4Rec's (L 200, s 128, e 128) with its Top-K dropout. GPU machines only.
+TEST(GatedAttention, CudaKernelMatchesReference) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: this check runs on a GPU machine";
+  torch::manual_seed(44);
+  auto all = cases();
+  all.push_back({16, 1, 200, 128, 128, {200, 120, 7, 1}, true});
+  for (auto c : all) {
+    c.lengths.resize(c.B, c.L);
+    for (auto dtype : {torch::kFloat64, torch::kFloat32})
+      for (const auto& f : fused_configs()) {
+        // In float, 3,200 rows of 200 keys hold near-ties at the topk-th entry that the two
+        // devices' roundings may order differently (a different entry dropped): double there.
+        if (dtype == torch::kFloat32 && f.topk > 0 && c.L == 200) continue;
+        const auto o = options(f.form, f.causal, f.topk, f.p, true);
+        auto q = torch::randn({c.B, c.H, c.L, c.s}, dtype), k = torch::randn({c.B, c.H, c.L, c.s}, dtype);
+        auto v = torch::randn({c.B, c.H, c.L, c.e}, dtype), g = torch::randn({c.B, c.H, c.L, c.e}, dtype);
+        auto pad = padding_mask(c.lengths, c.L, c.left);
+        const std::string at = where(c) + " " + describe(f, dtype);
+        const torch::Device cuda(torch::kCUDA);
+        auto qd = q.to(cuda).requires_grad_(), kd = k.to(cuda).requires_grad_(), vd = v.to(cuda).requires_grad_();
+        ASSERT_TRUE(seqrec::ops::gated_attention_fused_takes(qd, vd, o)) << at;
+        torch::manual_seed(7);
+        auto out = gated_attention(qd, kd, vd, pad.to(cuda), o);
+        EXPECT_NE(out.grad_fn()->name().find("FusedGatedAttention"), std::string::npos) << at;
+        auto grads = torch::autograd::grad({out}, {qd, kd, vd}, {g.to(cuda)});
+        expect_close({out.detach().cpu(), grads[0].cpu(), grads[1].cpu(), grads[2].cpu()},
+                     reference_grads(q, k, v, pad, o, g, 7), dtype == torch::kFloat64 ? 1e-10 : 1e-4, at);
+      }
+  }
 }
 
 TEST(LengthSlices, SortedRunsAsWideAsTheirLongestRow) {

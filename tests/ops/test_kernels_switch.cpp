@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "ops/dropout/dropout.h"
-#include "ops/gated_attention/gated_attention.h"
 #include "ops/interest_attention/interest_attention.h"
 #include "ops/kernels.h"
 #include "ops/linear_attention/linear_attention.h"
@@ -69,10 +68,6 @@ std::vector<Case> cases() {
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   out.push_back({"routing", "RoutedAttention", [=] { return routed_attention(r, v, plan, pad, scale, 0.0, false); },
                  [=] { return routed_attention_reference(r, v, plan, pad, scale, 0.0, false); }});
-
-  GatedAttentionOptions gated;  // the softmax form, causal
-  out.push_back({"gated", "FusedGatedAttention", [=] { return gated_attention(q, k, v, pad, gated); },
-                 [=] { return gated_attention_reference(q, k, v, pad, gated); }});
 
   out.push_back({"dropout", "DropoutFused",
                  [=] {
