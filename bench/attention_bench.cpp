@@ -4,8 +4,8 @@
 //                   [--codebooks 8] [--codewords 16] [--iters 3] [--device cpu|cuda|cuda:N]
 // OP: softmax | linrec | linrec:global | linrec:packed | linear | linear:reference | linear:global | linear:global:reference
 //     | lightsans | lightsans:reference | lisa | lisa:reference | routing
-//     | routing:reference | gated:softmax[:topk][:reference]
-//     | gated:cosine[:topk][:reference] | model:<name> | loss:softmax | loss:softmax:recompute
+//     | routing:reference | gated:softmax[:topk][:reference|:rows]
+//     | gated:cosine[:topk][:reference|:rows] | model:<name> | loss:softmax | loss:softmax:recompute
 // linrec:packed is linrec:global on the packed [B, L, 3·dim] projection the model passes (its heads
 // read in place). linear is the causal linear-attention product alone (the fused kernel of the device: CPU or
 // CUDA), linear:reference its chunked ATen reference; linear:global the non-causal product (the
@@ -14,7 +14,8 @@
 // paper's optimum (K = W = S = round(sqrt(L)) centroids, window, chunk) with its local heads'
 // window 2S (routing:reference: its routed heads through the ATen reference, not the device's
 // kernel); gated:* is FLASH4Rec's attention (one head, s = e = dim; :topk with its config's Top-K
-// dropout, k 10 at p 0.1; :reference the ATen reference, not the fused kernel). model:<name> times a whole
+// dropout, k 10 at p 0.1; :reference the ATen reference; :rows the fused kernel's rows on the
+// device given, the CPU included, where gated_attention runs the reference). model:<name> times a whole
 // model (2 blocks, ML-1M's 3,416 items, every slot real): encode, a softmax over the items at the
 // last slot, backward. loss:softmax is the full-catalogue softmax loss (ops/softmax_loss) over
 // --tokens hidden states of --dim against --items items (default 3,416), keeping the forward's
@@ -60,7 +61,7 @@ double status_mb(const char* key) {
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|linrec:global|linrec:packed|linear|linear:reference|linear:global|linear:global:reference|lightsans|lightsans:reference|lisa|lisa:reference|routing|routing:reference|"
-               "gated:softmax|gated:cosine[:topk][:reference]|model:<name>[:cosine]|loss:softmax[:recompute] --len L "
+               "gated:softmax|gated:cosine[:topk][:reference|:rows]|model:<name>[:cosine]|loss:softmax[:recompute] --len L "
                "[--tokens N] [--dim D] [--items N] [--heads H] [--interests K] [--codebooks C] [--codewords W] [--iters I] "
                "[--device cpu|cuda|cuda:N]\n",
                why.c_str());
@@ -185,8 +186,9 @@ int main(int argc, char** argv) {
          v = leaf(torch::randn({B, 1, len, dim}, opt));
     seqrec::ops::GatedAttentionOptions go;
     std::string rest = op.substr(6);
-    const bool reference = ends_with(rest, ":reference");
+    const bool reference = ends_with(rest, ":reference"), rows = ends_with(rest, ":rows");
     if (reference) rest.resize(rest.size() - 10);
+    if (rows) rest.resize(rest.size() - 5);
     if (ends_with(rest, ":topk")) {  // FLASH4Rec's config: Top-K dropout of the top 10 at p 0.1
       rest.resize(rest.size() - 5);
       go.topk = 10;
@@ -196,6 +198,7 @@ int main(int argc, char** argv) {
     go.causal = true;
     go.training = true;
     run = [=] {
+      if (rows) return seqrec::ops::gated_attention_fused(q, k, v, pad, go);
       return reference ? seqrec::ops::gated_attention_reference(q, k, v, pad, go)
                        : seqrec::ops::gated_attention(q, k, v, pad, go);
     };

@@ -51,7 +51,8 @@ if ! cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_
   tail -40 "$OUT/build.log"; exit 1
 fi
 grep "seqrec: MPI=" "$OUT/build.log" | tee -a "$summary"
-if ! ninja -C build-gpu seqrec test_interest_attention test_linear_attention test_lisa_attention test_routing_attention \
+if ! ninja -C build-gpu seqrec test_gated_attention test_interest_attention test_linear_attention test_lisa_attention \
+     test_routing_attention \
      attention_bench \
      >> "$OUT/build.log" 2>&1; then
   grep -B3 -A12 -m5 "error" "$OUT/build.log" | head -120; exit 1
@@ -63,7 +64,7 @@ B=build-gpu/seqrec
 # (--fused_kernels=false; slower, correct), and the summary says so.
 : > "$OUT/ops-tests.log"
 run_kernels=""
-for t in test_interest_attention test_linear_attention test_lisa_attention test_routing_attention; do
+for t in test_gated_attention test_interest_attention test_linear_attention test_lisa_attention test_routing_attention; do
   timeout "$(left)" build-gpu/tests/ops/$t > /tmp/$t.log 2>&1
   rc=$?
   say "$t (CUDA kernel included): rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' /tmp/$t.log | tr '\n' ' ')"
@@ -93,6 +94,7 @@ if [ "${TIMING:-1}" != 0 ]; then
   # slicing saves padding work, on a host-bound GPU step it multiplies the launches.
   for m in sasrec linrec; do time_epochs "common-$m-sliced" --flagfile configs/ml-1m/common/$m.flags --length_groups 8; done
   time_epochs flash4rec --flagfile configs/ml-1m/flash4rec.flags
+  time_epochs flash4rec-ref --flagfile configs/ml-1m/flash4rec.flags --fused_kernels=false
   time_epochs flash4rec-sliced --flagfile configs/ml-1m/flash4rec.flags --length_groups 8
   # LinRec's paper setting as its released code trains it, the time bar's own scheme: every
   # prefix an example scored at its last slot, batch 2048 (a compute-bound GPU step, unlike the
@@ -117,11 +119,13 @@ if [ "${TIMING:-1}" != 0 ]; then
   done
 fi
 
-# 2a. The causal product (CUDA kernel, ATen reference), LinRec's and FLASH4Rec's cosine attention,
+# 2a. The causal product (CUDA kernel, ATen reference), LinRec's and FLASH4Rec's attention (the
+# cosine form's linear path; the softmax form and Top-K dropout through the CUDA kernel and the
+# ATen reference; past L = 1,536 in float the kernel's scratch does not fit and both run the reference),
 # LISA's histogram attention (CUDA kernel, ATen reference), routing attention, LightSANs' interest
 # attention (CUDA kernel, ATen reference), softmax attention and five whole models, forward + backward, alone on the GPU.
-ALL_OPS="softmax linear linear:reference linrec gated:cosine lisa lisa:reference routing routing:reference
-         lightsans lightsans:reference model:sasrec model:linrec model:lisa model:routing model:lightsans"
+ALL_OPS="softmax linear linear:reference linrec gated:cosine gated:softmax gated:softmax:reference gated:softmax:topk
+         gated:softmax:topk:reference lisa lisa:reference routing routing:reference lightsans lightsans:reference model:sasrec model:linrec model:lisa model:routing model:lightsans"
 [ "${OP_BENCH:-1}" = 0 ] || for L in 200 1024 4096; do
   for op in ${OPS:-$ALL_OPS}; do
     say "op $(timeout 60 build-gpu/bench/attention_bench --device cuda --op $op --len $L --tokens 25600 --dim 50 --iters 5 2>&1 | tail -1)"
