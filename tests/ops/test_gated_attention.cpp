@@ -586,30 +586,52 @@ void expect_close(const Grads& got, const Grads& want, double tol, const std::st
   EXPECT_TRUE(close(got.gv, want.gv)) << where << " grad v, max err " << max_err(got.gv, want.gv);
 }
 
+// One configuration's random inputs on one shape case, and where they came from.
+struct FusedInputs {
+  const Case& c;
+  const FusedConfig& f;
+  at::ScalarType dtype;
+  GatedAttentionOptions o;
+  at::Tensor q, k, v, g, pad;
+  std::string at;
+};
+
+// f(inputs) for every case of `all`, float and double, and every configuration the kernel takes.
+template <class F>
+void for_each_fused_input(const std::vector<Case>& all, F&& f) {
+  for (const auto& c : all)
+    for (auto dtype : {torch::kFloat64, torch::kFloat32})
+      for (const auto& cfg : fused_configs()) {
+        FusedInputs in{c, cfg, dtype, options(cfg.form, cfg.causal, cfg.topk, cfg.p, true)};
+        in.q = torch::randn({c.B, c.H, c.L, c.s}, dtype);
+        in.k = torch::randn({c.B, c.H, c.L, c.s}, dtype);
+        in.v = torch::randn({c.B, c.H, c.L, c.e}, dtype);
+        in.g = torch::randn({c.B, c.H, c.L, c.e}, dtype);
+        std::vector<int64_t> lengths = c.lengths;
+        lengths.resize(c.B, c.L);
+        in.pad = padding_mask(lengths, c.L, c.left);
+        in.at = where(c) + " " + describe(cfg, dtype);
+        f(in);
+      }
+}
+
 // The fused kernel's host glue and rows on the CPU (a one-lane warp; what gated_attention runs on
 // a CUDA device, with a 32-lane warp) against the reference under one generator state: values
 // and the three gradients, every shape case, float and double, each configuration it takes.
 TEST(GatedAttention, FusedKernelMatchesReference) {
   torch::manual_seed(41);
-  for (const auto& c : cases())
-    for (auto dtype : {torch::kFloat64, torch::kFloat32})
-      for (const auto& f : fused_configs()) {
-        const auto o = options(f.form, f.causal, f.topk, f.p, true);
-        auto q = torch::randn({c.B, c.H, c.L, c.s}, dtype), k = torch::randn({c.B, c.H, c.L, c.s}, dtype);
-        auto v = torch::randn({c.B, c.H, c.L, c.e}, dtype), g = torch::randn({c.B, c.H, c.L, c.e}, dtype);
-        auto pad = padding_mask(c.lengths, c.L, c.left);
-        const std::string at = where(c) + " " + describe(f, dtype);
-        ASSERT_TRUE(seqrec::ops::gated_attention_kernel_supports(q, v, o)) << at;
-        EXPECT_FALSE(seqrec::ops::gated_attention_fused_takes(q, v, o)) << at << ": the CPU runs the reference";
-        auto qf = q.clone().requires_grad_(), kf = k.clone().requires_grad_(), vf = v.clone().requires_grad_();
-        torch::manual_seed(7);
-        auto out = seqrec::ops::gated_attention_fused(qf, kf, vf, pad, o);
-        ASSERT_TRUE(out.grad_fn()) << at;
-        EXPECT_NE(out.grad_fn()->name().find("FusedGatedAttention"), std::string::npos) << at;
-        auto grads = torch::autograd::grad({out}, {qf, kf, vf}, {g});
-        expect_close({out.detach(), grads[0], grads[1], grads[2]}, reference_grads(q, k, v, pad, o, g, 7),
-                     dtype == torch::kFloat64 ? 1e-10 : 2e-5, at);
-      }
+  for_each_fused_input(cases(), [](const FusedInputs& in) {
+    ASSERT_TRUE(seqrec::ops::gated_attention_kernel_supports(in.q, in.v, in.o)) << in.at;
+    EXPECT_FALSE(seqrec::ops::gated_attention_fused_takes(in.q, in.v, in.o)) << in.at << ": the CPU runs the reference";
+    auto qf = in.q.clone().requires_grad_(), kf = in.k.clone().requires_grad_(), vf = in.v.clone().requires_grad_();
+    torch::manual_seed(7);
+    auto out = seqrec::ops::gated_attention_fused(qf, kf, vf, in.pad, in.o);
+    ASSERT_TRUE(out.grad_fn()) << in.at;
+    EXPECT_NE(out.grad_fn()->name().find("FusedGatedAttention"), std::string::npos) << in.at;
+    auto grads = torch::autograd::grad({out}, {qf, kf, vf}, {in.g});
+    expect_close({out.detach(), grads[0], grads[1], grads[2]}, reference_grads(in.q, in.k, in.v, in.pad, in.o, in.g, 7),
+                 in.dtype == torch::kFloat64 ? 1e-10 : 2e-5, in.at);
+  });
 }
 
 // The fused kernel's cases and the ones it leaves to the reference.
@@ -683,17 +705,12 @@ TEST(GatedAttention, CudaKernelLogicMatchesReference) {
   torch::manual_seed(43);
   auto all = cases();
   all.push_back({2, 1, 45, 40, 70, {45, 20}, true});  // rows wider than a warp (s 40, e 70)
-  for (const auto& c : all)
-    for (auto dtype : {torch::kFloat64, torch::kFloat32})
-      for (const auto& f : fused_configs()) {
-        const auto o = options(f.form, f.causal, f.topk, f.p, true);
-        auto q = torch::randn({c.B, c.H, c.L, c.s}, dtype), k = torch::randn({c.B, c.H, c.L, c.s}, dtype);
-        auto v = torch::randn({c.B, c.H, c.L, c.e}, dtype), g = torch::randn({c.B, c.H, c.L, c.e}, dtype);
-        auto pad = padding_mask(c.lengths, c.L, c.left);
-        auto got = dtype == torch::kFloat64 ? emulated<double>(q, k, v, pad, o, g, 9) : emulated<float>(q, k, v, pad, o, g, 9);
-        expect_close(got, reference_grads(q, k, v, pad, o, g, 9), dtype == torch::kFloat64 ? 1e-10 : 2e-5,
-                     where(c) + " " + describe(f, dtype));
-      }
+  for_each_fused_input(all, [](const FusedInputs& in) {
+    auto got = in.dtype == torch::kFloat64 ? emulated<double>(in.q, in.k, in.v, in.pad, in.o, in.g, 9)
+                                           : emulated<float>(in.q, in.k, in.v, in.pad, in.o, in.g, 9);
+    expect_close(got, reference_grads(in.q, in.k, in.v, in.pad, in.o, in.g, 9),
+                 in.dtype == torch::kFloat64 ? 1e-10 : 2e-5, in.at);
+  });
 }
 
 // The CUDA kernels (what gated_attention runs on a CUDA device) against the reference on the CPU
@@ -704,29 +721,21 @@ TEST(GatedAttention, CudaKernelMatchesReference) {
   torch::manual_seed(44);
   auto all = cases();
   all.push_back({16, 1, 200, 128, 128, {200, 120, 7, 1}, true});
-  for (auto c : all) {
-    c.lengths.resize(c.B, c.L);
-    for (auto dtype : {torch::kFloat64, torch::kFloat32})
-      for (const auto& f : fused_configs()) {
-        // In float, 3,200 rows of 200 keys hold near-ties at the topk-th entry that the two
-        // devices' roundings may order differently (a different entry dropped): double there.
-        if (dtype == torch::kFloat32 && f.topk > 0 && c.L == 200) continue;
-        const auto o = options(f.form, f.causal, f.topk, f.p, true);
-        auto q = torch::randn({c.B, c.H, c.L, c.s}, dtype), k = torch::randn({c.B, c.H, c.L, c.s}, dtype);
-        auto v = torch::randn({c.B, c.H, c.L, c.e}, dtype), g = torch::randn({c.B, c.H, c.L, c.e}, dtype);
-        auto pad = padding_mask(c.lengths, c.L, c.left);
-        const std::string at = where(c) + " " + describe(f, dtype);
-        const torch::Device cuda(torch::kCUDA);
-        auto qd = q.to(cuda).requires_grad_(), kd = k.to(cuda).requires_grad_(), vd = v.to(cuda).requires_grad_();
-        ASSERT_TRUE(seqrec::ops::gated_attention_fused_takes(qd, vd, o)) << at;
-        torch::manual_seed(7);
-        auto out = gated_attention(qd, kd, vd, pad.to(cuda), o);
-        EXPECT_NE(out.grad_fn()->name().find("FusedGatedAttention"), std::string::npos) << at;
-        auto grads = torch::autograd::grad({out}, {qd, kd, vd}, {g.to(cuda)});
-        expect_close({out.detach().cpu(), grads[0].cpu(), grads[1].cpu(), grads[2].cpu()},
-                     reference_grads(q, k, v, pad, o, g, 7), dtype == torch::kFloat64 ? 1e-10 : 1e-4, at);
-      }
-  }
+  for_each_fused_input(all, [](const FusedInputs& in) {
+    // In float, 3,200 rows of 200 keys hold near-ties at the topk-th entry that the two
+    // devices' roundings may order differently (a different entry dropped): double there.
+    if (in.dtype == torch::kFloat32 && in.f.topk > 0 && in.c.L == 200) return;
+    const torch::Device cuda(torch::kCUDA);
+    auto qd = in.q.to(cuda).requires_grad_(), kd = in.k.to(cuda).requires_grad_(), vd = in.v.to(cuda).requires_grad_();
+    ASSERT_TRUE(seqrec::ops::gated_attention_fused_takes(qd, vd, in.o)) << in.at;
+    torch::manual_seed(7);
+    auto out = gated_attention(qd, kd, vd, in.pad.to(cuda), in.o);
+    EXPECT_NE(out.grad_fn()->name().find("FusedGatedAttention"), std::string::npos) << in.at;
+    auto grads = torch::autograd::grad({out}, {qd, kd, vd}, {in.g.to(cuda)});
+    expect_close({out.detach().cpu(), grads[0].cpu(), grads[1].cpu(), grads[2].cpu()},
+                 reference_grads(in.q, in.k, in.v, in.pad, in.o, in.g, 7), in.dtype == torch::kFloat64 ? 1e-10 : 1e-4,
+                 in.at);
+  });
 }
 
 TEST(LengthSlices, SortedRunsAsWideAsTheirLongestRow) {
