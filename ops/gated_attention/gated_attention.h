@@ -125,7 +125,18 @@ at::Tensor topk_positions(const at::Tensor& weights, const at::Tensor& visible, 
 // A' = A ⊙ M · f for weights A [B, H, L, L] that are 0 outside `visible`; A itself when
 // !training, p == 0 or topk == 0 (no generator draw then). per_row: f per row (causal
 // attention) instead of per matrix.
+// On the CPU (float, double, fused kernels on) one pass per matrix with a hand-written backward
+// (topk_attention_dropout_cpu), making A' and the rows' dropped slots only; elsewhere
+// topk_attention_dropout_reference. Both draw one random_seed() and hash dropout_mask's bits,
+// so one generator state drops the same entries (ties in A aside: the CPU pass takes the lower
+// slot first).
 at::Tensor topk_attention_dropout(const at::Tensor& weights, const at::Tensor& visible, int64_t topk, double p,
                                   bool training, bool per_row = false);
+// The ATen composition (topk_positions, dropout_mask, the sums), differentiated by autograd.
+at::Tensor topk_attention_dropout_reference(const at::Tensor& weights, const at::Tensor& visible, int64_t topk,
+                                            double p, bool training, bool per_row = false);
+// The CPU pass for active dropout (training, p > 0, topk > 0) on checked arguments.
+at::Tensor topk_attention_dropout_cpu(const at::Tensor& weights, const at::Tensor& visible, int64_t topk, double p,
+                                      bool per_row);
 
 }  // namespace seqrec::ops

@@ -21,6 +21,7 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -32,6 +33,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+constexpr double kEpsilon = 1e-12;  // the reference's kEps
 
 bool topk_active(const GatedAttentionOptions& o) { return o.training && o.topk_dropout > 0 && o.topk > 0; }
 
@@ -199,6 +201,146 @@ bool grad_wanted(std::initializer_list<at::Tensor> inputs) {
   return false;
 }
 
+// Top-K attention dropout on the CPU in one pass per matrix (topk_attention_dropout's fused
+// path): per row the topk largest visible entries by a partial selection (P descending, the
+// lower slot first among equals), dropout_mask's keep bits hashed for those entries only, the
+// sums T and K, and A' written once; the rows' dropped slots and the sums are kept for the
+// backward. The reference makes about ten [B, H, L, L] tensors (torch::topk's indices, the
+// selection, the mask, the kept entries, ...); this makes A' alone.
+struct TopkDropoutCpu : public torch::autograd::Function<TopkDropoutCpu> {
+  // weights [B, H, L, L], visible [B or 1, H or 1, L, L] bool (contiguous), per_row: one
+  // rescale per row, else per (b, h) matrix.
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& weights, const at::Tensor& visible,
+                               int64_t topk, double p, bool per_row) {
+    const auto w = weights.contiguous();
+    const auto vis = visible.contiguous();
+    const int64_t B = w.size(0), H = w.size(1), L = w.size(2), rows = B * H * L;
+    auto out = at::empty_like(w);
+    auto dropped = at::full({rows, topk}, -1, w.options().dtype(at::kInt));
+    auto sums = at::empty({rows, 2}, w.options().dtype(at::kDouble));  // T, K of the row's rescale
+    const uint64_t base = mix64(random_seed() ^ kGolden);
+    const auto threshold = static_cast<uint32_t>(p * 65536.0 + 0.5);
+    auto drops = [&](int64_t idx) {
+      const uint64_t h = mix64(base + static_cast<uint64_t>(idx >> 2) * kGolden);
+      return static_cast<uint32_t>((h >> (16 * (idx & 3))) & 0xFFFFu) < threshold;
+    };
+    const bool vb = vis.size(0) > 1, vh = vis.size(1) > 1;
+    AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "topk_attention_dropout", [&] {
+      const scalar_t* W = w.data_ptr<scalar_t>();
+      const bool* V = vis.data_ptr<bool>();
+      scalar_t* O = out.data_ptr<scalar_t>();
+      int32_t* D = dropped.data_ptr<int32_t>();
+      double* S = sums.data_ptr<double>();
+      at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+        std::vector<int64_t> cand(static_cast<size_t>(L));
+        for (int64_t bh = begin; bh < end; ++bh) {
+          const int64_t b = bh / H, h = bh % H;
+          const bool* vm = V + ((vb ? b : 0) * vis.size(1) + (vh ? h : 0)) * L * L;
+          double mt = 0, mk = 0;  // the matrix's sums
+          for (int64_t i = 0; i < L; ++i) {
+            const int64_t row = bh * L + i;
+            const scalar_t* wr = W + row * L;
+            const bool* vr = vm + i * L;
+            int64_t n = 0;
+            for (int64_t j = 0; j < L; ++j)
+              if (vr[j]) cand[n++] = j;
+            auto before = [&](int64_t x, int64_t y) { return wr[x] > wr[y] || (wr[x] == wr[y] && x < y); };
+            if (n > topk) std::nth_element(cand.begin(), cand.begin() + topk, cand.begin() + n, before);
+            int32_t* dr = D + row * topk;
+            int64_t nd = 0;
+            for (int64_t r = 0; r < std::min(n, topk); ++r)
+              if (drops(row * L + cand[r])) dr[nd++] = static_cast<int32_t>(cand[r]);
+            double t = 0, k = 0;  // T over every entry (invisible ones are 0), K over the kept ones
+            for (int64_t j = 0; j < L; ++j) {
+              t += wr[j];
+              bool gone = false;
+              for (int64_t r = 0; r < nd; ++r) gone = gone || dr[r] == j;
+              if (!gone) k += wr[j];
+            }
+            S[2 * row] = t;
+            S[2 * row + 1] = k;
+            mt += t;
+            mk += k;
+          }
+          if (!per_row)
+            for (int64_t i = 0; i < L; ++i) {
+              S[2 * (bh * L + i)] = mt;
+              S[2 * (bh * L + i) + 1] = mk;
+            }
+          for (int64_t i = 0; i < L; ++i) {
+            const int64_t row = bh * L + i;
+            double& t = S[2 * row];
+            double& k = S[2 * row + 1];
+            int32_t* dr = D + row * topk;
+            if (k <= 0 && t > 0) {  // everything dropped: kept whole
+              dr[0] = -1;
+              k = t;
+            }
+            const scalar_t f = static_cast<scalar_t>(t / std::max(k, kEpsilon));
+            const scalar_t* wr = W + row * L;
+            scalar_t* o = O + row * L;
+            for (int64_t j = 0; j < L; ++j) o[j] = wr[j] * f;
+            for (int64_t r = 0; r < topk && dr[r] >= 0; ++r) o[dr[r]] = 0;
+          }
+        }
+      });
+    });
+    ctx->save_for_backward({w, dropped, sums});
+    ctx->saved_data["per_row"] = per_row;
+    return {out};
+  }
+
+  // A' = P ⊙ M · f, f = T / max(K, eps): dP_j = M_j·(f·g_j - G·T/K²·[K >= eps]) + G/max(K, eps),
+  // G = sum M·P·g over the row (matrix), for every entry (T sums them all).
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    TORCH_CHECK(!at::GradMode::is_enabled(), "topk_attention_dropout does not support double backward");
+    auto saved = ctx->get_saved_variables();
+    const auto& w = saved[0];
+    const auto& dropped = saved[1];
+    const auto& sums = saved[2];
+    const bool per_row = ctx->saved_data["per_row"].toBool();
+    const auto g = grad_out[0].contiguous();
+    const int64_t B = w.size(0), H = w.size(1), L = w.size(2), topk = dropped.size(1);
+    auto gw = at::empty_like(w);
+    AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "topk_attention_dropout_backward", [&] {
+      const scalar_t* W = w.data_ptr<scalar_t>();
+      const scalar_t* G = g.data_ptr<scalar_t>();
+      const int32_t* D = dropped.data_ptr<int32_t>();
+      const double* S = sums.data_ptr<double>();
+      scalar_t* GW = gw.data_ptr<scalar_t>();
+      at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t bh = begin; bh < end; ++bh) {
+          auto row_g = [&](int64_t row) {  // G of one row: sum over its kept entries of P·g
+            const scalar_t* wr = W + row * L;
+            const scalar_t* gr = G + row * L;
+            double acc = 0;
+            for (int64_t j = 0; j < L; ++j) acc += static_cast<double>(wr[j]) * gr[j];
+            const int32_t* dr = D + row * topk;
+            for (int64_t r = 0; r < topk && dr[r] >= 0; ++r) acc -= static_cast<double>(wr[dr[r]]) * gr[dr[r]];
+            return acc;
+          };
+          double gm = 0;
+          if (!per_row)
+            for (int64_t i = 0; i < L; ++i) gm += row_g(bh * L + i);
+          for (int64_t i = 0; i < L; ++i) {
+            const int64_t row = bh * L + i;
+            const double t = S[2 * row], k = S[2 * row + 1], kc = std::max(k, kEpsilon);
+            const double gs = per_row ? row_g(row) : gm;
+            const auto f = static_cast<scalar_t>(t / kc), a = static_cast<scalar_t>(gs / kc);
+            const auto bterm = static_cast<scalar_t>(k >= kEpsilon ? gs * t / (kc * kc) : 0.0);
+            const scalar_t* gr = G + row * L;
+            scalar_t* o = GW + row * L;
+            for (int64_t j = 0; j < L; ++j) o[j] = f * gr[j] - bterm + a;
+            const int32_t* dr = D + row * topk;
+            for (int64_t r = 0; r < topk && dr[r] >= 0; ++r) o[dr[r]] = a;
+          }
+        }
+      });
+    });
+    return {gw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 bool gated_attention_kernel_supports(const at::Tensor& q, const at::Tensor& v, const GatedAttentionOptions& o) {
@@ -228,6 +370,15 @@ at::Tensor gated_attention_fused(const at::Tensor& q, const at::Tensor& k, const
   }
   return FusedGatedAttention::apply(q, k, v, key_padding, static_cast<int64_t>(o.form), o.causal, o.topk,
                                     o.topk_dropout, o.training)[0];
+}
+
+}  // namespace seqrec::ops
+
+namespace seqrec::ops {
+
+at::Tensor topk_attention_dropout_cpu(const at::Tensor& weights, const at::Tensor& visible, int64_t topk, double p,
+                                      bool per_row) {
+  return TopkDropoutCpu::apply(weights, visible, topk, p, per_row)[0];
 }
 
 }  // namespace seqrec::ops

@@ -1,6 +1,7 @@
 #include "ops/gated_attention/gated_attention.h"
 
 #include "ops/dropout/dropout.h"
+#include "ops/kernels.h"
 #include "ops/length_slices/length_slices.h"
 #include "ops/linear_attention/linear_attention.h"
 #include "ops/op_checks.h"
@@ -124,6 +125,24 @@ at::Tensor topk_positions(const at::Tensor& weights, const at::Tensor& visible, 
 
 at::Tensor topk_attention_dropout(const at::Tensor& weights, const at::Tensor& visible, int64_t topk, double p,
                                   bool training, bool per_row) {
+  check_topk(topk, p);
+  if (!topk_dropout_active(topk, p, training)) return weights;
+  if (fused_kernels() && weights.device().is_cpu() &&
+      (weights.scalar_type() == at::kFloat || weights.scalar_type() == at::kDouble)) {
+    TORCH_CHECK(weights.dim() == 4 && weights.size(2) == weights.size(3), "weights must be [B, H, L, L]; got ",
+                weights.sizes());
+    TORCH_CHECK(visible.dim() == 4 && visible.scalar_type() == at::kBool && visible.size(2) == weights.size(2) &&
+                    visible.size(3) == weights.size(3) && (visible.size(0) == 1 || visible.size(0) == weights.size(0)) &&
+                    (visible.size(1) == 1 || visible.size(1) == weights.size(1)),
+                "visible must be bool [B or 1, H or 1, L, L] for weights ", weights.sizes(), "; got ", visible.sizes(),
+                " ", visible.scalar_type());
+    return topk_attention_dropout_cpu(weights, visible, topk, p, per_row);
+  }
+  return topk_attention_dropout_reference(weights, visible, topk, p, training, per_row);
+}
+
+at::Tensor topk_attention_dropout_reference(const at::Tensor& weights, const at::Tensor& visible, int64_t topk,
+                                            double p, bool training, bool per_row) {
   check_topk(topk, p);
   if (!topk_dropout_active(topk, p, training)) return weights;
   auto selected = topk_positions(weights, visible, topk);

@@ -602,15 +602,18 @@ void for_each_fused_input(const std::vector<Case>& all, F&& f) {
   for (const auto& c : all)
     for (auto dtype : {torch::kFloat64, torch::kFloat32})
       for (const auto& cfg : fused_configs()) {
-        FusedInputs in{c, cfg, dtype, options(cfg.form, cfg.causal, cfg.topk, cfg.p, true)};
-        in.q = torch::randn({c.B, c.H, c.L, c.s}, dtype);
-        in.k = torch::randn({c.B, c.H, c.L, c.s}, dtype);
-        in.v = torch::randn({c.B, c.H, c.L, c.e}, dtype);
-        in.g = torch::randn({c.B, c.H, c.L, c.e}, dtype);
         std::vector<int64_t> lengths = c.lengths;
         lengths.resize(c.B, c.L);
-        in.pad = padding_mask(lengths, c.L, c.left);
-        in.at = where(c) + " " + describe(cfg, dtype);
+        const FusedInputs in{c,
+                             cfg,
+                             dtype,
+                             options(cfg.form, cfg.causal, cfg.topk, cfg.p, true),
+                             torch::randn({c.B, c.H, c.L, c.s}, dtype),
+                             torch::randn({c.B, c.H, c.L, c.s}, dtype),
+                             torch::randn({c.B, c.H, c.L, c.e}, dtype),
+                             torch::randn({c.B, c.H, c.L, c.e}, dtype),
+                             padding_mask(lengths, c.L, c.left),
+                             where(c) + " " + describe(cfg, dtype)};
         f(in);
       }
 }
@@ -736,6 +739,42 @@ TEST(GatedAttention, CudaKernelMatchesReference) {
                  reference_grads(in.q, in.k, in.v, in.pad, in.o, in.g, 7), in.dtype == torch::kFloat64 ? 1e-10 : 1e-4,
                  in.at);
   });
+}
+
+// Top-K dropout's CPU pass against its ATen composition under one generator state: A' and the
+// gradient w.r.t. A, one rescale per row and per matrix, topk below and above the row lengths
+// (rows that lose every entry are kept whole), both forms' weights, float and double.
+TEST(GatedAttention, TopkDropoutCpuPassMatchesReference) {
+  torch::manual_seed(45);
+  for (const auto& c : cases())
+    for (auto dtype : {torch::kFloat64, torch::kFloat32})
+      for (auto form : kForms)
+        for (bool causal : {true, false})
+          for (int64_t topk : {1, 3, 200})
+            for (double p : {0.3, 0.9}) {
+              auto q = torch::randn({c.B, c.H, c.L, c.s}, dtype), k = torch::randn({c.B, c.H, c.L, c.s}, dtype);
+              auto pad = padding_mask(c.lengths, c.L, c.left);
+              auto a = gated_attention_weights(q, k, pad, options(form, causal)).detach();
+              auto visible = gated_attention_visibility(pad, causal);
+              auto g = torch::randn(a.sizes(), dtype);
+              const std::string at = where(c) + " " + describe(form, causal) + " topk " + std::to_string(topk) +
+                                     " p " + std::to_string(p) + (dtype == torch::kFloat64 ? " double" : " float");
+              auto run = [&](bool reference) {
+                auto w = a.clone().requires_grad_();
+                torch::manual_seed(5);
+                auto out = reference
+                               ? seqrec::ops::topk_attention_dropout_reference(w, visible, topk, p, true, causal)
+                               : seqrec::ops::topk_attention_dropout(w, visible, topk, p, true, causal);
+                auto gw = torch::autograd::grad({out}, {w}, {g})[0];
+                return std::make_pair(out.detach(), gw);
+              };
+              auto got = run(false), want = run(true);
+              EXPECT_NE(got.first.data_ptr(), a.data_ptr()) << at;
+              const double tol = dtype == torch::kFloat64 ? 1e-12 : 1e-5;
+              EXPECT_LE(max_err(got.first, want.first), tol * std::max(1.0, want.first.abs().max().item<double>())) << at;
+              EXPECT_LE(max_err(got.second, want.second), tol * std::max(1.0, want.second.abs().max().item<double>()))
+                  << at;
+            }
 }
 
 TEST(LengthSlices, SortedRunsAsWideAsTheirLongestRow) {
