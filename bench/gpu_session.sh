@@ -52,6 +52,7 @@ if ! cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_
 fi
 grep "seqrec: MPI=" "$OUT/build.log" | tee -a "$summary"
 if ! ninja -C build-gpu seqrec test_gated_attention test_interest_attention test_linear_attention test_lisa_attention \
+     test_kernels_switch \
      test_routing_attention \
      attention_bench \
      >> "$OUT/build.log" 2>&1; then
@@ -64,7 +65,8 @@ B=build-gpu/seqrec
 # (--fused_kernels=false; slower, correct), and the summary says so.
 : > "$OUT/ops-tests.log"
 run_kernels=""
-for t in test_gated_attention test_interest_attention test_linear_attention test_lisa_attention test_routing_attention; do
+for t in test_gated_attention test_interest_attention test_linear_attention test_lisa_attention test_routing_attention \
+  test_kernels_switch; do
   timeout "$(left)" build-gpu/tests/ops/$t > /tmp/$t.log 2>&1
   rc=$?
   say "$t (CUDA kernel included): rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' /tmp/$t.log | tr '\n' ' ')"
@@ -104,6 +106,12 @@ if [ "${TIMING:-1}" != 0 ]; then
       time_epochs "prefix-$m-$i" --flagfile configs/ml-1m/linrec.flags --model $m --objective last --train_prefixes \
         --batch_size 2048 --max_steps "${PREFIX_STEPS:-120}"
     done
+  done
+  # The same with TensorFloat-32 products (--matmul_precision high): the GEMMs both models share
+  # (projections, feed-forward, the loss) were most of the step at float32.
+  for m in sasrec linrec; do
+    time_epochs "prefix-$m-tf32" --flagfile configs/ml-1m/linrec.flags --model $m --objective last --train_prefixes \
+      --batch_size 2048 --max_steps "${PREFIX_STEPS:-120}" --matmul_precision high
   done
   # The same in 8 length slices: at batch 2048 a slice is still large, and slicing cuts the
   # padded work of ML-1M's prefixes to 0.65x (linear in L) and 0.55x (SASRec's L^2 maps).

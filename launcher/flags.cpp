@@ -15,6 +15,9 @@ DEFINE_string(device, "cpu",
 DEFINE_bool(fused_kernels, true,
             "train/eval: run the ops' fused kernels (on the CPU; on a CUDA device where one exists); false runs "
             "every op through its ATen reference, for checks and timing comparisons");
+DEFINE_string(matmul_precision, "highest",
+              "train/eval: float32 matrix products on a CUDA device: highest (float32 throughout) | high "
+              "(TensorFloat-32 tensor cores: inputs rounded to 10-bit mantissas, float32 sums); no effect on the CPU");
 DEFINE_string(comm, "auto", "communication backend: auto (MPI under mpirun/srun), local, mpi");
 DEFINE_uint64(seed, 42, "random seed (shuffling, negatives, initialisation, dropout, evaluation negatives)");
 DEFINE_string(host_allocator, "caching",
@@ -191,11 +194,11 @@ const std::map<std::string, Subcommand>& subcommands() {
          "patience", "select_metric", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",
          "full_ranking", "eval_batch", "resume", "checkpoint_every", "keep_checkpoints", "expert_parallel", "replica_check_every", "max_steps",
          "final_test", "log_every", "prefetch", "length_groups", "softmax_keep_mib", "profile_steps",
-         "profile_after", "seed", "device", "fused_kernels", "comm"})}},
+         "profile_after", "seed", "device", "fused_kernels", "matmul_precision", "comm"})}},
       {"eval",
        {"evaluate a checkpoint on the valid or test split",
         {"checkpoint", "data", "split", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",
-         "eval_batch", "seed", "device", "fused_kernels", "comm"}}},
+         "eval_batch", "seed", "device", "fused_kernels", "matmul_precision", "comm"}}},
       {"info", {"print a dataset's or a checkpoint's metadata, a run directory's results and newest checkpoint, or several runs side by side", {"data", "checkpoint", "metrics"}}},
   };
   return table;

@@ -8,6 +8,7 @@ DECLARE_int32(threads);
 DECLARE_string(comm);
 DECLARE_string(device);
 DECLARE_bool(fused_kernels);
+DECLARE_string(matmul_precision);
 DECLARE_uint64(seed);
 DECLARE_bool(progress);
 // prepare

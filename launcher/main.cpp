@@ -398,6 +398,7 @@ int main(int argc, char** argv) {
     check_flags_apply(cmd);
     try {
       configure_allocator(FLAGS_host_allocator);
+      ops::set_matmul_precision(FLAGS_matmul_precision);
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }

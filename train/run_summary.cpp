@@ -482,7 +482,7 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
   // seeds, over the runs that have finished (been tested). Flags one run does not record (an
   // older binary) are not compared.
   static const std::vector<std::string> kExecution = {
-      "seed", "out", "resume", "threads", "device", "fused_kernels", "comm", "host_allocator", "flagfile", "log_every", "prefetch",
+      "seed", "out", "resume", "threads", "device", "fused_kernels", "matmul_precision", "comm", "host_allocator", "flagfile", "log_every", "prefetch",
       "profile_steps", "profile_after", "checkpoint_every", "keep_checkpoints", "eval_batch", "replica_check_every"};
   // The setting flags (not how the run was executed) on which a and b disagree.
   const auto disagreements = [&](const RunFacts& a, const RunFacts& b) {

@@ -27,6 +27,7 @@
 #include "dist/data_parallel.h"
 #include "io/dataset.h"
 #include "io/log.h"
+#include "ops/kernels.h"
 #include "ops/length_slices/length_slices.h"
 #include "ops/profile_scope.h"
 #include "ops/softmax_loss/softmax_loss.h"
@@ -651,6 +652,10 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
            " items=" + std::to_string(meta.num_items) + " events=" + std::to_string(meta.num_events) +
            " ranks=" + std::to_string(world) + " threads/rank=" + std::to_string(at::get_num_threads()) +
            " device=" + device.str());
+  if (ops::matmul_precision() != "highest")
+    log.line("[setup] matmul_precision=" + ops::matmul_precision() +
+             (device.is_cuda() ? ": float32 products on TensorFloat-32 tensor cores"
+                               : ": applies to CUDA devices only; this CPU run computes float32 throughout"));
   if (!o.allocator.empty()) log.line("[setup] allocator: " + o.allocator);
   log.line(std::string("[setup] split: ") + io::kSplitRule);
   log.line("[setup] model=" + mo.model + " params=" + std::to_string(num_params) + " max_len=" +

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,41 @@ TEST(FusedKernels, OffTheOpsRunTheirReferences) {
     EXPECT_EQ(out.grad_fn()->name().find(c.fused_node), std::string::npos) << c.name << ": " << out.grad_fn()->name();
     EXPECT_TRUE(torch::equal(out, c.reference())) << c.name;
   }
+}
+
+// --matmul_precision: the two names round-trip through ATen's context; others are refused by name.
+TEST(MatmulPrecision, SetsTheContextAndRefusesUnknownNames) {
+  EXPECT_EQ(matmul_precision(), "highest");
+  set_matmul_precision("high");
+  EXPECT_EQ(matmul_precision(), "high");
+  set_matmul_precision("highest");
+  EXPECT_EQ(matmul_precision(), "highest");
+  try {
+    set_matmul_precision("medium");
+    ADD_FAILURE() << "medium was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'medium'"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(matmul_precision(), "highest");
+}
+
+// On a CUDA device (Ampere or later) "high" reaches cuBLAS: a float32 product then carries
+// TensorFloat-32's rounding (about 1e-3 relative), "highest" float32's. GPU machines only.
+TEST(MatmulPrecision, HighRunsTensorFloat32ProductsOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: this check runs on a GPU machine";
+  torch::manual_seed(3);
+  auto a = torch::randn({256, 256}), b = torch::randn({256, 256});
+  auto exact = torch::matmul(a.to(torch::kFloat64), b.to(torch::kFloat64));
+  auto rel = [&](const at::Tensor& c) {
+    return (c.cpu().to(torch::kFloat64) - exact).abs().max().item<double>() / exact.abs().max().item<double>();
+  };
+  const double full = rel(torch::matmul(a.cuda(), b.cuda()));
+  set_matmul_precision("high");
+  const double tf32 = rel(torch::matmul(a.cuda(), b.cuda()));
+  set_matmul_precision("highest");
+  EXPECT_LT(full, 1e-5);
+  EXPECT_GT(tf32, 1e-5) << "no TensorFloat-32 rounding: is the device older than Ampere?";
+  EXPECT_LT(tf32, 1e-2);
 }
 
 }  // namespace
