@@ -5,7 +5,8 @@
 // softmax form, and either form under active Top-K dropout with its per-row rescale, i.e.
 // causal) and never makes an L x L tensor. Top-K dropout draws its seed as the reference does
 // (one random_seed() per call) and the kernel hashes dropout_mask's bits, so one generator state
-// drops the same entries either way.
+// drops the same entries either way. Also here: Top-K dropout's CPU pass over a materialised A
+// (topk_attention_dropout_cpu, what the reference path runs on the CPU).
 #include "ops/gated_attention/gated_attention.h"
 
 #include "ops/dropout/dropout.h"
