@@ -221,10 +221,6 @@ struct TopkDropoutCpu : public torch::autograd::Function<TopkDropoutCpu> {
     auto sums = at::empty({rows, 2}, w.options().dtype(at::kDouble));  // T, K of the row's rescale
     const uint64_t base = mix64(random_seed() ^ kGolden);
     const auto threshold = static_cast<uint32_t>(p * 65536.0 + 0.5);
-    auto drops = [&](int64_t idx) {
-      const uint64_t h = mix64(base + static_cast<uint64_t>(idx >> 2) * kGolden);
-      return static_cast<uint32_t>((h >> (16 * (idx & 3))) & 0xFFFFu) < threshold;
-    };
     const bool vb = vis.size(0) > 1, vh = vis.size(1) > 1;
     AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "topk_attention_dropout", [&] {
       const scalar_t* W = w.data_ptr<scalar_t>();
@@ -250,7 +246,7 @@ struct TopkDropoutCpu : public torch::autograd::Function<TopkDropoutCpu> {
             int32_t* dr = D + row * topk;
             int64_t nd = 0;
             for (int64_t r = 0; r < std::min(n, topk); ++r)
-              if (drops(row * L + cand[r])) dr[nd++] = static_cast<int32_t>(cand[r]);
+              if (gk::drops_element(base, threshold, row * L + cand[r])) dr[nd++] = static_cast<int32_t>(cand[r]);
             double t = 0, k = 0;  // T over every entry (invisible ones are 0), K over the kept ones
             for (int64_t j = 0; j < L; ++j) {
               t += wr[j];

@@ -69,11 +69,17 @@ SEQREC_KERNEL_FN uint64_t mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// Whether dropout_mask's bit drops flat element `idx` (of [B, H, L, L]).
+// Whether dropout_mask's bit drops flat element `idx`, for base = mix(seed ^ φ) and threshold =
+// round(p · 2^16): its 16-bit lane idx % 4 of mix(base + (idx / 4) · φ) is below the threshold.
+SEQREC_KERNEL_FN bool drops_element(uint64_t base, uint32_t threshold, int64_t idx) {
+  const uint64_t h = mix(base + static_cast<uint64_t>(idx >> 2) * 0x9E3779B97F4A7C15ull);
+  return static_cast<uint32_t>((h >> (16 * (idx & 3))) & 0xFFFFu) < threshold;
+}
+
+// The same for flat element `idx` of the call's [B, H, L, L].
 template <typename T>
 SEQREC_KERNEL_FN bool drops(const Args<T>& a, int64_t idx) {
-  const uint64_t h = mix(a.hash_base + static_cast<uint64_t>(idx >> 2) * 0x9E3779B97F4A7C15ull);
-  return static_cast<uint32_t>((h >> (16 * (idx & 3))) & 0xFFFFu) < a.threshold;
+  return drops_element(a.hash_base, a.threshold, idx);
 }
 
 // A lane's dot product: four interleaved partial sums, independent chains.
