@@ -4,9 +4,10 @@
 // host compiler (ops/kernel_common.h). One warp per row: the forward and the backward's query
 // pass take a query row (sequence, head, slot i), the backward's key pass a key row (.., slot j),
 // so that every gradient row has one writer and there are no atomics. The device runs them in
-// gated_attention.cu, the CPU with a one-lane warp (gated_attention_fused.cpp), and the tests
-// with an emulated warp. No Torch and no CUDA headers here. Nothing of size L x L is made: a
-// row's scores live in its warp's scratch of 2·L values (shared memory on the device).
+// gated_attention.cu; the CPU can run them with a one-lane warp (gated_attention_fused.cpp; for
+// the tests of the host glue: on the CPU the models run the reference, faster there), and the
+// tests with an emulated warp. No Torch and no CUDA headers here. Nothing of size L x L is
+// made: a row's scores live in its warp's scratch of 2·L values (shared memory on the device).
 //
 // Per query row i (b, h omitted), V(i) its visible keys (real, and j <= i when causal):
 //   x_j = scale·q_i·k_j (softmax) or 1 + q̂_i·k̂_j (cosine, x̂ = x / max(||x||, eps)),
