@@ -1,10 +1,12 @@
 #pragma once
 // Argument checks shared by the op references (ATen only). Each throws c10::Error naming the
-// argument.
+// argument. Also what the fused ops ask before building an autograd node (grad_wanted).
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 namespace seqrec::ops::detail {
 
@@ -14,6 +16,14 @@ inline void check_key_padding(const at::Tensor& key_padding, int64_t B, int64_t 
                   key_padding.scalar_type() == at::kBool,
               "key_padding must be bool [B, L] = [", B, ", ", L, "]; got ", key_padding.sizes(), " ",
               key_padding.scalar_type());
+}
+
+// Whether autograd will ask for a gradient of any of `inputs`.
+inline bool grad_wanted(std::initializer_list<at::Tensor> inputs) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const auto& t : inputs)
+    if (t.requires_grad()) return true;
+  return false;
 }
 
 }  // namespace seqrec::ops::detail

@@ -12,6 +12,7 @@
 #include "ops/dropout/dropout.h"
 #include "ops/gated_attention/gated_attention_kernel.h"
 #include "ops/kernels.h"
+#include "ops/op_checks.h"
 #include "seqrec_config.h"
 #if SEQREC_HAVE_CUDA
 #include "ops/cuda_launch.h"
@@ -195,13 +196,6 @@ struct FusedGatedAttention : public torch::autograd::Function<FusedGatedAttentio
   }
 };
 
-bool grad_wanted(std::initializer_list<at::Tensor> inputs) {
-  if (!at::GradMode::is_enabled()) return false;
-  for (const auto& t : inputs)
-    if (t.requires_grad()) return true;
-  return false;
-}
-
 // Top-K attention dropout on the CPU in one pass per matrix (topk_attention_dropout's fused
 // path): per row the topk largest visible entries by a partial selection (P descending, the
 // lower slot first among equals), dropout_mask's keep bits hashed for those entries only, the
@@ -361,7 +355,7 @@ bool gated_attention_fused_takes(const at::Tensor& q, const at::Tensor& v, const
 
 at::Tensor gated_attention_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& key_padding, const GatedAttentionOptions& o) {
-  if (!grad_wanted({q, k, v})) {
+  if (!detail::grad_wanted({q, k, v})) {
     torch::NoGradGuard no_grad;
     return run_forward(gated_call(q, k, v, key_padding, o));
   }

@@ -23,6 +23,7 @@
 //   when sum w < eps); then through the scores, and through the cosine form's norms
 //   (dx = (dx̂ - x̂·(x̂·dx̂)) / ||x||, or dx̂ / eps when ||x|| < eps).
 #include <cstdint>
+#include <vector>
 
 #include "ops/kernel_common.h"
 
@@ -421,7 +422,8 @@ SEQREC_KERNEL_FN void key_row(Warp& warp, const Args<T>& a, int64_t row, T* sc) 
 template <typename T>
 void emulate(const Args<T>& a, bool backward) {
   const int64_t rows = a.B * a.H * a.L;
-  T* sc = new T[2 * (a.L > 0 ? a.L : 1)];
+  std::vector<T> scratch(static_cast<size_t>(2 * a.L));
+  T* sc = scratch.data();
   for (int pass = backward ? 1 : 0; pass < (backward ? 3 : 1); ++pass)
     for (int64_t row = 0; row < rows; ++row) {
       EmulatedWarp<NoState> warp;
@@ -432,7 +434,6 @@ void emulate(const Args<T>& a, bool backward) {
       else
         key_row<T>(warp, a, row, sc);
     }
-  delete[] sc;
 }
 
 }  // namespace seqrec::ops::cuda::gated_kernel

@@ -82,6 +82,17 @@ at::Tensor cosine_linear(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 bool topk_dropout_active(int64_t topk, double p, bool training) { return training && p > 0 && topk > 0; }
 
+// weights float [B, H, L, L]; visible bool [B or 1, H or 1, L, L] (broadcast over weights).
+void check_weights_visible(const at::Tensor& weights, const at::Tensor& visible) {
+  TORCH_CHECK(weights.dim() == 4 && weights.size(2) == weights.size(3) && at::isFloatingType(weights.scalar_type()),
+              "weights must be float [B, H, L, L]; got ", weights.sizes(), " ", weights.scalar_type());
+  TORCH_CHECK(visible.dim() == 4 && visible.scalar_type() == at::kBool && visible.size(2) == weights.size(2) &&
+                  visible.size(3) == weights.size(3) && (visible.size(0) == 1 || visible.size(0) == weights.size(0)) &&
+                  (visible.size(1) == 1 || visible.size(1) == weights.size(1)),
+              "visible must be bool [B or 1, H or 1, L, L] for weights ", weights.sizes(), "; got ", visible.sizes(),
+              " ", visible.scalar_type());
+}
+
 }  // namespace
 
 GatedAttentionForm parse_gated_attention_form(const std::string& name) {
@@ -105,12 +116,7 @@ at::Tensor gated_attention_visibility(const at::Tensor& key_padding, bool causal
 }
 
 at::Tensor topk_positions(const at::Tensor& weights, const at::Tensor& visible, int64_t topk) {
-  TORCH_CHECK(weights.dim() == 4 && weights.size(2) == weights.size(3) && at::isFloatingType(weights.scalar_type()),
-              "weights must be float [B, H, L, L]; got ", weights.sizes(), " ", weights.scalar_type());
-  TORCH_CHECK(visible.dim() == 4 && visible.scalar_type() == at::kBool && visible.size(2) == weights.size(2) &&
-                  visible.size(3) == weights.size(3),
-              "visible must be bool [B or 1, H or 1, L, L] for weights ", weights.sizes(), "; got ", visible.sizes(),
-              " ", visible.scalar_type());
+  check_weights_visible(weights, visible);
   TORCH_CHECK(topk >= 1, "topk must be >= 1, got ", topk);
   const int64_t L = weights.size(3);
   auto selected = torch::zeros(weights.sizes(), weights.options().dtype(at::kBool));
@@ -129,13 +135,7 @@ at::Tensor topk_attention_dropout(const at::Tensor& weights, const at::Tensor& v
   if (!topk_dropout_active(topk, p, training)) return weights;
   if (fused_kernels() && weights.device().is_cpu() &&
       (weights.scalar_type() == at::kFloat || weights.scalar_type() == at::kDouble)) {
-    TORCH_CHECK(weights.dim() == 4 && weights.size(2) == weights.size(3), "weights must be [B, H, L, L]; got ",
-                weights.sizes());
-    TORCH_CHECK(visible.dim() == 4 && visible.scalar_type() == at::kBool && visible.size(2) == weights.size(2) &&
-                    visible.size(3) == weights.size(3) && (visible.size(0) == 1 || visible.size(0) == weights.size(0)) &&
-                    (visible.size(1) == 1 || visible.size(1) == weights.size(1)),
-                "visible must be bool [B or 1, H or 1, L, L] for weights ", weights.sizes(), "; got ", visible.sizes(),
-                " ", visible.scalar_type());
+    check_weights_visible(weights, visible);
     return topk_attention_dropout_cpu(weights, visible, topk, p, per_row);
   }
   return topk_attention_dropout_reference(weights, visible, topk, p, training, per_row);
@@ -181,24 +181,30 @@ void check_gated_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor
               ", ", key_padding.device());
 }
 
-}  // namespace
-
-at::Tensor gated_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const at::Tensor& key_padding, const GatedAttentionOptions& options) {
-  check_gated_args(q, k, v, key_padding, options);
-  if (gated_attention_fused_takes(q, v, options)) return gated_attention_fused(q, k, v, key_padding, options);
-  return gated_attention_reference(q, k, v, key_padding, options);
-}
-
-at::Tensor gated_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                     const at::Tensor& key_padding, const GatedAttentionOptions& options) {
-  check_gated_args(q, k, v, key_padding, options);
+// gated_attention_reference on checked arguments.
+at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& key_padding, const GatedAttentionOptions& options) {
   const int64_t B = q.size(0), L = q.size(2);
   if (options.form == GatedAttentionForm::kCosine &&
       !topk_dropout_active(options.topk, options.topk_dropout, options.training))
     return cosine_linear(q, k, v, key_padding, options.causal);
   auto weights = gated_attention_weights(q, k, key_padding, options);
   return torch::matmul(weights, v).masked_fill(key_padding.view({B, 1, L, 1}), 0.0);
+}
+
+}  // namespace
+
+at::Tensor gated_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& key_padding, const GatedAttentionOptions& options) {
+  check_gated_args(q, k, v, key_padding, options);
+  if (gated_attention_fused_takes(q, v, options)) return gated_attention_fused(q, k, v, key_padding, options);
+  return reference_attention(q, k, v, key_padding, options);
+}
+
+at::Tensor gated_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& key_padding, const GatedAttentionOptions& options) {
+  check_gated_args(q, k, v, key_padding, options);
+  return reference_attention(q, k, v, key_padding, options);
 }
 
 at::Tensor gated_attention_by_length(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

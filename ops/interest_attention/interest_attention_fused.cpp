@@ -12,6 +12,7 @@
 
 #include "ops/dropout/dropout.h"
 #include "ops/kernels.h"
+#include "ops/op_checks.h"
 #include "ops/interest_attention/interest_attention_kernel.h"
 #include "seqrec_config.h"
 #if SEQREC_HAVE_CUDA
@@ -205,14 +206,6 @@ at::Tensor scan_causal_interest_attention(const at::Tensor& q, const at::Tensor&
   return CausalInterestScan::apply(q, k, v, logits_k, logits_v, pad, dropout, use_mask, chunk)[0];
 }
 
-// Whether autograd will ask for a gradient of any of `inputs`.
-bool grad_wanted(std::initializer_list<at::Tensor> inputs) {
-  if (!at::GradMode::is_enabled()) return false;
-  for (const auto& t : inputs)
-    if (t.requires_grad()) return true;
-  return false;
-}
-
 // The arguments of causal_interest_attention, checked at the boundary.
 void check_causal_interest_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& logits_k, const at::Tensor& logits_v, const at::Tensor& key_padding,
@@ -254,7 +247,7 @@ at::Tensor causal_interest_attention(const at::Tensor& q, const at::Tensor& k, c
     return interest_attention(q, causal_interest_aggregation(k, logits_k, key_padding),
                               causal_interest_aggregation(v, logits_v, key_padding), dropout, training);
   return scan_causal_interest_attention(q, k, v, logits_k, logits_v, key_padding, dropout, training && dropout > 0,
-                                        grad_wanted({q, k, v, logits_k, logits_v}), chunk);
+                                        detail::grad_wanted({q, k, v, logits_k, logits_v}), chunk);
 }
 
 }  // namespace seqrec::ops
