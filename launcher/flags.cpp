@@ -16,8 +16,10 @@ DEFINE_bool(fused_kernels, true,
             "train/eval: run the ops' fused kernels (on the CPU; on a CUDA device where one exists); false runs "
             "every op through its ATen reference, for checks and timing comparisons");
 DEFINE_string(matmul_precision, "highest",
-              "train/eval: float32 matrix products on a CUDA device: highest (float32 throughout) | high "
-              "(TensorFloat-32 tensor cores: inputs rounded to 10-bit mantissas, float32 sums); no effect on the CPU");
+              "train/eval: float32 matrix products: highest (float32 throughout) | high (on a CUDA device, "
+              "TensorFloat-32 tensor cores: inputs rounded to 10-bit mantissas, float32 sums; no effect on the CPU) | "
+              "medium (on any device, the layers', attention's and loss's products on bfloat16 operands with float32 "
+              "sums, results rounded to bfloat16; fast on CPUs with AVX-512 BF16)");
 DEFINE_string(comm, "auto", "communication backend: auto (MPI under mpirun/srun), local, mpi");
 DEFINE_uint64(seed, 42, "random seed (shuffling, negatives, initialisation, dropout, evaluation negatives)");
 DEFINE_string(host_allocator, "caching",

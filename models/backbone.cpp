@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "ops/dropout/dropout.h"
+#include "ops/products.h"
 #include "ops/profile_scope.h"
 
 namespace seqrec::models {
@@ -20,10 +21,10 @@ class FeedForwardImpl : public torch::nn::Module {
     fc2_ = register_module("fc2", torch::nn::Linear(inner, o.hidden));
   }
   at::Tensor forward(const at::Tensor& x) {
-    auto a = fc1_(x);
+    auto a = apply_linear(fc1_, x);
     auto h = ops::activation_dropout(a, gelu_ ? ops::Activation::kGelu : ops::Activation::kRelu, dropout_,
                                      is_training());
-    return ops::dropout(fc2_(h), dropout_, is_training());
+    return ops::dropout(apply_linear(fc2_, h), dropout_, is_training());
   }
 
  private:
@@ -322,12 +323,15 @@ class BackboneModel : public SequenceModel {
 
 }  // namespace
 
+at::Tensor apply_linear(const torch::nn::Linear& layer, const at::Tensor& x) {
+  return ops::linear(x, layer->weight, layer->bias);
+}
+
 LastSlotProjection project_for_last_slot(const torch::nn::Linear& qkv, const at::Tensor& x) {
   const int64_t L = x.size(1), D = x.size(2);
   const auto &w = qkv->weight, &b = qkv->bias;
-  namespace F = torch::nn::functional;
-  return {F::linear(x.select(1, L - 1), w.narrow(0, 0, D), b.narrow(0, 0, D)),
-          F::linear(x, w.narrow(0, D, 2 * D), b.narrow(0, D, 2 * D))};
+  return {ops::linear(x.select(1, L - 1), w.narrow(0, 0, D), b.narrow(0, 0, D)),
+          ops::linear(x, w.narrow(0, D, 2 * D), b.narrow(0, D, 2 * D))};
 }
 
 std::unique_ptr<SequenceModel> make_backbone_model(const ModelOptions& options, BackboneSpec spec) {

@@ -47,6 +47,10 @@ struct LastSlotProjection {
 };
 LastSlotProjection project_for_last_slot(const torch::nn::Linear& qkv, const at::Tensor& x);
 
+// A Linear layer applied to x in the run's `--matmul_precision` (ops/products.h): the models'
+// layers call this, not the layer's forward.
+at::Tensor apply_linear(const torch::nn::Linear& layer, const at::Tensor& x);
+
 // SASRec's multi-head softmax attention (models/sasrec.cpp), for models that offer it as an
 // alternative unit (FLASH4Rec without gated attention).
 std::shared_ptr<AttentionModuleImpl> make_softmax_attention(const ModelOptions& options);

@@ -101,21 +101,21 @@ class GatedAttentionUnitImpl : public AttentionModuleImpl {
 
   at::Tensor forward(const at::Tensor& x, AttentionContext& ctx) override {
     const int64_t B = x.size(0), L = x.size(1);
-    auto zv = torch::silu(zv_(x));
+    auto zv = torch::silu(apply_linear(zv_, x));
     auto z = zv.narrow(-1, 0, s_), v = zv.narrow(-1, s_, e_);
     at::Tensor gate_in = x;
     if (user_gate_) {
       TORCH_CHECK(ctx.user.defined(), "flash4rec: the user-aware gate needs the rows' user vectors");
       gate_in = torch::cat({x, ctx.user.unsqueeze(1).expand({B, L, ctx.user.size(-1)})}, -1);
     }
-    auto u = torch::silu(gate_(gate_in));
+    auto u = torch::silu(apply_linear(gate_, gate_in));
     auto q = (z * gamma_[0] + beta_[0]).unsqueeze(1);  // one head: [B, 1, L, s]
     auto k = (z * gamma_[1] + beta_[1]).unsqueeze(1);
     auto o = options_;
     o.causal = ctx.causal;
     o.training = is_training();
     auto av = ops::gated_attention_by_length(q, k, v.unsqueeze(1), ctx.key_padding, o, length_groups_).squeeze(1);  // [B, L, e]
-    return ops::dropout(out_(u * av), dropout_, is_training());
+    return ops::dropout(apply_linear(out_, u * av), dropout_, is_training());
   }
 
  private:

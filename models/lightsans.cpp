@@ -8,6 +8,7 @@
 
 #include "models/backbone.h"
 #include "ops/interest_attention/interest_attention.h"
+#include "ops/products.h"
 #include "ops/softmax_attention/softmax_attention.h"
 
 namespace seqrec::models {
@@ -38,21 +39,21 @@ class LightSansAttentionImpl : public AttentionModuleImpl {
 
   at::Tensor forward(const at::Tensor& x, AttentionContext& ctx) override {
     const int64_t B = x.size(0), L = x.size(1), D = x.size(2), dh = D / heads_;
-    auto qkv = qkv_(x).chunk(3, -1);  // 3 x [B, L, D]
+    auto qkv = apply_linear(qkv_, x).chunk(3, -1);  // 3 x [B, L, D]
     const auto& k = qkv[1];
     const auto& v = qkv[2];
     auto heads = [&](const at::Tensor& t) { return t.reshape({t.size(0), t.size(1), heads_, dh}).transpose(1, 2); };
-    auto o = ops::causal_interest_attention(heads(qkv[0]), k, v, torch::matmul(k, theta_k_), torch::matmul(v, theta_v_),
+    auto o = ops::causal_interest_attention(heads(qkv[0]), k, v, ops::matmul(k, theta_k_), ops::matmul(v, theta_v_),
                                             ctx.key_padding, dropout_, is_training());  // [B, H, L, dh]
     if (decoupled_) {
       auto p = pos_ln_(ctx.positions).unsqueeze(0);  // [1, L, D], shared by the batch
       // The op scales by 1/sqrt(dh); the released code's total is 1/(sqrt(2)·dh).
-      auto pq = heads(pos_q_(p)).mul(1.0 / std::sqrt(2.0 * dh)).expand({B, heads_, L, dh});
-      auto pk = heads(pos_k_(p)).expand({B, heads_, L, dh});
+      auto pq = heads(apply_linear(pos_q_, p)).mul(1.0 / std::sqrt(2.0 * dh)).expand({B, heads_, L, dh});
+      auto pk = heads(apply_linear(pos_k_, p)).expand({B, heads_, L, dh});
       if (!ctx.bias.defined()) ctx.bias = ops::causal_padding_bias(ctx.key_padding, x.scalar_type());
       o = o + ops::causal_softmax_attention_biased(pq, pk, heads(v), ctx.bias, 0.0, is_training());
     }
-    return out_(o.transpose(1, 2).reshape({B, L, D}));
+    return apply_linear(out_, o.transpose(1, 2).reshape({B, L, D}));
   }
 
  private:

@@ -26,12 +26,12 @@ class LinrecAttentionImpl : public AttentionModuleImpl {
   // per-chunk prefix work, and only its own query is projected and normalised.
   at::Tensor forward_last(const at::Tensor& x, AttentionContext& ctx) override {
     auto p = project_for_last_slot(qkv_, x);
-    return out_(ops::linrec_attention_last(p.query, p.keys_values, heads_, ctx.key_padding, norm_));
+    return apply_linear(out_, ops::linrec_attention_last(p.query, p.keys_values, heads_, ctx.key_padding, norm_));
   }
 
  private:
   at::Tensor attend(const at::Tensor& x, AttentionContext& ctx, ops::LinrecForm form) {
-    return out_(ops::linrec_attention_packed(qkv_(x), heads_, ctx.key_padding, norm_, form));
+    return apply_linear(out_, ops::linrec_attention_packed(apply_linear(qkv_, x), heads_, ctx.key_padding, norm_, form));
   }
 
   int64_t heads_;

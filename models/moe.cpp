@@ -7,6 +7,7 @@
 
 #include "dist/autograd.h"
 #include "ops/dropout/dropout.h"
+#include "ops/products.h"
 
 namespace seqrec::models {
 namespace {
@@ -176,9 +177,9 @@ at::Tensor MoeFeedForwardImpl::run_expert(Expert& e, const at::Tensor& rows, con
     auto mask = ops::dropout_mask(like, o_.dropout, derive(dropout_seed, static_cast<uint64_t>(e.id), use));
     return h * mask.index_select(0, slot_index);
   };
-  auto a = e.fc1->forward(rows);
+  auto a = ops::linear(rows, e.fc1->weight, e.fc1->bias);
   auto h = masked(o_.activation == "gelu" ? torch::gelu(a) : torch::relu(a), 1);
-  return masked(e.fc2->forward(h), 2);
+  return masked(ops::linear(h, e.fc2->weight, e.fc2->bias), 2);
 }
 
 at::Tensor MoeFeedForwardImpl::forward(const at::Tensor& x, const at::Tensor& priority) {

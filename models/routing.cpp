@@ -54,7 +54,7 @@ class RoutingAttentionImpl : public AttentionModuleImpl {
 
   at::Tensor forward(const at::Tensor& x, AttentionContext& ctx) override {
     const int64_t B = x.size(0), L = x.size(1), local = heads_ - routed_;
-    auto p = proj_(x).view({B, L, 3 * local + 2 * routed_, dh_}).transpose(1, 2);  // [B, parts, L, dh]
+    auto p = apply_linear(proj_, x).view({B, L, 3 * local + 2 * routed_, dh_}).transpose(1, 2);  // [B, parts, L, dh]
     std::vector<at::Tensor> heads;
     if (local > 0) {
       auto q = p.narrow(1, 0, local), k = p.narrow(1, local, local), v = p.narrow(1, 2 * local, local);
@@ -69,7 +69,7 @@ class RoutingAttentionImpl : public AttentionModuleImpl {
                                           dropout_, is_training()));
     if (is_training()) collect(r, plan.cluster, ctx.key_padding);
     auto o = heads.size() == 1 ? heads[0] : torch::cat(heads, 1);  // [B, H, L, dh]
-    return out_(o.transpose(1, 2).reshape({B, L, heads_ * dh_}));
+    return apply_linear(out_, o.transpose(1, 2).reshape({B, L, heads_ * dh_}));
   }
 
   std::vector<at::Tensor> pending_statistics() override {

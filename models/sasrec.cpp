@@ -6,6 +6,7 @@
 
 #include "models/backbone.h"
 #include "ops/dropout/dropout.h"
+#include "ops/products.h"
 #include "ops/softmax_attention/softmax_attention.h"
 
 namespace seqrec::models {
@@ -23,12 +24,12 @@ class SoftmaxAttentionImpl : public AttentionModuleImpl {
     const int64_t B = x.size(0), L = x.size(1), D = x.size(2), dh = D / heads_;
     // [B, L, 3, H, dh] -> three [B, H, L, dh] views; unbind's backward stacks the three
     // gradients into one tensor (three selects would each zero-fill a [3, B, H, L, dh] one).
-    auto qkv = qkv_(x).view({B, L, 3, heads_, dh}).permute({2, 0, 3, 1, 4}).unbind(0);
+    auto qkv = apply_linear(qkv_, x).view({B, L, 3, heads_, dh}).permute({2, 0, 3, 1, 4}).unbind(0);
     if (!ctx.bias.defined())
       ctx.bias = ctx.causal ? ops::causal_padding_bias(ctx.key_padding, x.scalar_type())
                             : ops::padding_bias(ctx.key_padding, x.scalar_type());
     auto o = ops::causal_softmax_attention_biased(qkv[0], qkv[1], qkv[2], ctx.bias, dropout_, is_training());
-    return out_(o.transpose(1, 2).reshape({B, L, D}));
+    return apply_linear(out_, o.transpose(1, 2).reshape({B, L, D}));
   }
 
   // Output at the last slot only: the query of slot L-1 against every key (the same set
@@ -42,13 +43,13 @@ class SoftmaxAttentionImpl : public AttentionModuleImpl {
     auto kv = p.keys_values.view({B, L, 2, heads_, dh}).permute({2, 0, 3, 1, 4}).unbind(0);  // 2 x [B, H, L, dh]
     auto q = p.query.view({B, heads_, 1, dh});
     auto k = kv[0], v = kv[1];
-    auto scores = torch::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(dh)));
+    auto scores = ops::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(dh)));
     // Padded keys are masked; the last slot itself always stays visible (as in the full op).
     auto masked = ctx.key_padding.clone();
     masked.select(1, L - 1).fill_(false);
     scores.masked_fill_(masked.view({B, 1, 1, L}), -std::numeric_limits<float>::infinity());
-    auto o = torch::matmul(ops::dropout(torch::softmax(scores, -1), dropout_, is_training()), v);  // [B, H, 1, dh]
-    return out_(o.reshape({B, D}));
+    auto o = ops::matmul(ops::dropout(torch::softmax(scores, -1), dropout_, is_training()), v);  // [B, H, 1, dh]
+    return apply_linear(out_, o.reshape({B, D}));
   }
 
  private:

@@ -10,12 +10,20 @@ namespace seqrec::ops {
 void set_fused_kernels(bool on);
 bool fused_kernels();
 
-// How float32 matrix products run on CUDA devices (`--matmul_precision`): "highest" (float32
-// throughout, the default) or "high" (TensorFloat-32 tensor cores for cuBLAS products and cuDNN
-// convolutions: inputs rounded to 10-bit mantissas, float32 accumulation). Sets ATen's global
-// context for the process; the CPU's products are float32 either way. Throws
-// std::invalid_argument naming an unknown value.
+// How float32 matrix products run (`--matmul_precision`):
+// - "highest": float32 throughout, the default;
+// - "high": on CUDA devices, TensorFloat-32 tensor cores for cuBLAS products and cuDNN
+//   convolutions (inputs rounded to 10-bit mantissas, float32 accumulation); a CPU's products
+//   stay float32;
+// - "medium": on any device, the products of the models' layers, attention and loss run on
+//   bfloat16 operands (ops/products.h), and other float32 cuBLAS products as at "high".
+// Sets ATen's global context for the process. Throws std::invalid_argument naming an unknown
+// value.
 void set_matmul_precision(const std::string& name);
 std::string matmul_precision();
+
+// Whether this CPU has AVX-512 BF16 (bfloat16 dot products), which "medium" needs to be fast on
+// a CPU.
+bool cpu_has_bf16_dot();
 
 }  // namespace seqrec::ops

@@ -652,10 +652,16 @@ static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta
            " items=" + std::to_string(meta.num_items) + " events=" + std::to_string(meta.num_events) +
            " ranks=" + std::to_string(world) + " threads/rank=" + std::to_string(at::get_num_threads()) +
            " device=" + device.str());
-  if (ops::matmul_precision() != "highest")
-    log.line("[setup] matmul_precision=" + ops::matmul_precision() +
+  if (ops::matmul_precision() == "high")
+    log.line(std::string("[setup] matmul_precision=high") +
              (device.is_cuda() ? ": float32 products on TensorFloat-32 tensor cores"
                                : ": applies to CUDA devices only; this CPU run computes float32 throughout"));
+  if (ops::matmul_precision() == "medium")
+    log.line(std::string("[setup] matmul_precision=medium: the layers', attention's and loss's products on bfloat16 "
+                         "operands, float32 accumulation") +
+             (device.is_cuda() || ops::cpu_has_bf16_dot()
+                  ? ""
+                  : "; this CPU has no AVX-512 BF16, so oneDNN emulates them (expect them slower than float32)"));
   if (!o.allocator.empty()) log.line("[setup] allocator: " + o.allocator);
   log.line(std::string("[setup] split: ") + io::kSplitRule);
   log.line("[setup] model=" + mo.model + " params=" + std::to_string(num_params) + " max_len=" +

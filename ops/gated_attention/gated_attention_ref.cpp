@@ -5,6 +5,7 @@
 #include "ops/length_slices/length_slices.h"
 #include "ops/linear_attention/linear_attention.h"
 #include "ops/op_checks.h"
+#include "ops/products.h"
 
 #include <torch/torch.h>
 
@@ -56,10 +57,10 @@ at::Tensor plain_weights(const at::Tensor& q, const at::Tensor& k, const at::Ten
     // The diagonal keeps padded queries' rows finite (a row of -inf would softmax to NaN and
     // poison the gradient); those rows are zeroed after.
     auto allowed = visible | torch::eye(L, visible.options());
-    auto scores = torch::matmul(q, k.transpose(-2, -1)).mul(scale).masked_fill(allowed.logical_not(), kNegInf);
+    auto scores = ops::matmul(q, k.transpose(-2, -1)).mul(scale).masked_fill(allowed.logical_not(), kNegInf);
     return torch::softmax(scores, -1).masked_fill(key_padding.view({B, 1, L, 1}), 0.0);
   }
-  auto sim = torch::matmul(l2_normalise(q), l2_normalise(k).transpose(-2, -1)).add(1.0);
+  auto sim = ops::matmul(l2_normalise(q), l2_normalise(k).transpose(-2, -1)).add(1.0);
   auto raw = sim.masked_fill(visible.logical_not(), 0.0);
   return raw / raw.sum(-1, true).clamp_min(kEps);
 }
@@ -75,7 +76,7 @@ at::Tensor cosine_linear(const at::Tensor& q, const at::Tensor& k, const at::Ten
   auto ka = torch::cat({real, l2_normalise(k) * real}, -1);
   auto va = torch::cat({v * real, real}, -1);
   auto sums = causal ? causal_linear_attention(qa, ka, va, kChunk)
-                     : torch::matmul(qa, torch::matmul(ka.transpose(-2, -1), va));
+                     : ops::matmul(qa, ops::matmul(ka.transpose(-2, -1), va));
   auto out = sums.narrow(-1, 0, e) / sums.narrow(-1, e, 1).clamp_min(kEps);
   return out.masked_fill(key_padding.view({B, 1, L, 1}), 0.0);
 }
@@ -189,7 +190,7 @@ at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k, const a
       !topk_dropout_active(options.topk, options.topk_dropout, options.training))
     return cosine_linear(q, k, v, key_padding, options.causal);
   auto weights = gated_attention_weights(q, k, key_padding, options);
-  return torch::matmul(weights, v).masked_fill(key_padding.view({B, 1, L, 1}), 0.0);
+  return ops::matmul(weights, v).masked_fill(key_padding.view({B, 1, L, 1}), 0.0);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "ops/softmax_attention/softmax_attention.h"
 
 #include "ops/dropout/dropout.h"
+#include "ops/products.h"
 
 #include <torch/torch.h>
 
@@ -46,16 +47,16 @@ at::Tensor causal_softmax_attention_biased(const at::Tensor& q, const at::Tensor
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), D = q.size(3);
   at::Tensor scores;
-  if (H == 1 && bias.size(0) == B) {
+  if (H == 1 && bias.size(0) == B && !bf16_products(q)) {
     // One GEMM call adds the mask and applies the scale: bias + scale * q k^T.
     scores = torch::baddbmm(bias.view({B, L, L}), q.reshape({B, L, D}), k.reshape({B, L, D}).transpose(1, 2), 1.0, scale)
                  .view({B, 1, L, L});
   } else {
-    scores = torch::matmul(q, k.transpose(-2, -1)).mul_(scale).add_(bias);
+    scores = ops::matmul(q, k.transpose(-2, -1)).mul_(scale).add_(bias);
   }
   auto probs = torch::softmax(scores, -1);
   probs = ops::dropout(probs, dropout, training);
-  return torch::matmul(probs, v);
+  return ops::matmul(probs, v);
 }
 
 at::Tensor causal_softmax_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -1,5 +1,7 @@
 #include "ops/softmax_loss/softmax_loss.h"
 
+#include "ops/products.h"
+
 #include <torch/torch.h>
 
 #include <limits>
@@ -12,7 +14,7 @@ using torch::autograd::variable_list;
 
 // Logits of rows [r0, r0 + n) with the padding column at -inf.
 at::Tensor chunk_logits(const at::Tensor& hidden, const at::Tensor& table, int64_t r0, int64_t n) {
-  auto logits = hidden.narrow(0, r0, n).mm(table.t());
+  auto logits = ops::matmul(hidden.narrow(0, r0, n), table.t());
   logits.select(1, 0).fill_(-std::numeric_limits<double>::infinity());
   return logits;
 }
@@ -43,7 +45,7 @@ struct ChunkedSoftmaxLoss : public torch::autograd::Function<ChunkedSoftmaxLoss>
       at::Tensor logits;
       if (keep) {
         logits = probs.narrow(0, r0, n);
-        at::mm_out(logits, hidden.narrow(0, r0, n), table.t());
+        ops::mm_out(logits, hidden.narrow(0, r0, n), table.t());
         logits.select(1, 0).fill_(-std::numeric_limits<double>::infinity());
       } else {
         logits = chunk_logits(hidden, table, r0, n);
@@ -84,8 +86,8 @@ struct ChunkedSoftmaxLoss : public torch::autograd::Function<ChunkedSoftmaxLoss>
       p.scatter_add_(1, targets.narrow(0, r0, n).unsqueeze(1), -torch::ones({n, 1}, p.options()));
       p.mul_(g);
       auto gh = grad_hidden.narrow(0, r0, n);
-      at::mm_out(gh, p, table);
-      grad_table.addmm_(p.t(), hidden.narrow(0, r0, n));
+      ops::mm_out(gh, p, table);
+      ops::addmm_(grad_table, p.t(), hidden.narrow(0, r0, n));
     }
     return {grad_hidden, grad_table, at::Tensor(), at::Tensor(), at::Tensor()};
   }

@@ -648,7 +648,7 @@ TEST_F(Cli, InvalidFlagsGetAClearErrorAndExitCode) {
       {t + "--select_metric AUC", "--select_metric"},
       {t + "--host_allocator tcmalloc", "--host_allocator must be 'caching' or 'system', got 'tcmalloc'"},
       {t + "--softmax_keep_mib -1", "--softmax_keep_mib must be >= 0"},
-      {t + "--matmul_precision medium", "unknown --matmul_precision 'medium' (known: highest, high)"},
+      {t + "--matmul_precision low", "unknown --matmul_precision 'low' (known: highest, high, medium)"},
       {t + "--length_groups -1", "--length_groups must be >= 0"},
       {t + "--profile_steps -2", "--profile_steps must be >= 0"},
       {t + "--profile_steps 2 --profile_after -1", "--profile_after must be >= 0"},

@@ -9,6 +9,7 @@
 
 #include "models/model.h"
 #include "ops/dropout/dropout.h"
+#include "ops/kernels.h"
 
 namespace {
 using namespace seqrec::models;
@@ -185,6 +186,38 @@ TEST_P(ModelContract, EveryParameterGetsAGradient) {
     if (name.find("item_emb") == std::string::npos) {
       EXPECT_GT(p.grad().abs().sum().item<double>(), 0.0) << name;
     }
+  }
+}
+
+// --matmul_precision medium reaches every variant's layers: its outputs move by bfloat16's
+// rounding and no more, and every parameter still gets a finite float32 gradient.
+TEST_P(ModelContract, MediumPrecisionRoundsTheProductsAndStillTrains) {
+  struct Medium {
+    Medium() { seqrec::ops::set_matmul_precision("medium"); }
+    ~Medium() { seqrec::ops::set_matmul_precision("highest"); }
+  };
+  auto m = make_model(options(GetParam()));
+  const auto input = torch::cat({seq(long_items(40, 4), 40), seq({2, 4, 6}, 40)});
+  auto encode = [&] {
+    torch::manual_seed(3);  // the same gating noise (FLASH4Rec's mixture of experts) both times
+    m->set_training(false);
+    torch::NoGradGuard g;
+    return m->encode(input);
+  };
+  const auto full = encode();
+  const Medium medium;
+  const auto half = encode();
+  const double rel = (half - full).norm().item<double>() / full.norm().item<double>();
+  EXPECT_GT(rel, 1e-6) << "no product of the model ran on bfloat16 operands";
+  EXPECT_LT(rel, 2e-2);
+  m->set_training(true);
+  auto h = m->encode(input);
+  m->take_auxiliary_loss();
+  torch::matmul(h, m->item_embeddings().t()).logsumexp(-1).sum().backward();
+  for (auto& [name, p] : m->named_parameters()) {
+    ASSERT_TRUE(p.grad().defined()) << name;
+    EXPECT_EQ(p.grad().scalar_type(), torch::kFloat) << name;
+    EXPECT_TRUE(torch::isfinite(p.grad()).all().item<bool>()) << name;
   }
 }
 

@@ -11,11 +11,15 @@
 #include <vector>
 
 #include "ops/dropout/dropout.h"
+#include "ops/gated_attention/gated_attention.h"
 #include "ops/interest_attention/interest_attention.h"
 #include "ops/kernels.h"
 #include "ops/linear_attention/linear_attention.h"
 #include "ops/lisa_attention/lisa_attention.h"
+#include "ops/products.h"
 #include "ops/routing_attention/routing_attention.h"
+#include "ops/softmax_attention/softmax_attention.h"
+#include "ops/softmax_loss/softmax_loss.h"
 #include "tests/ops/op_test_util.h"
 
 namespace {
@@ -101,20 +105,126 @@ TEST(FusedKernels, OffTheOpsRunTheirReferences) {
   }
 }
 
-// --matmul_precision: the two names round-trip through ATen's context; others are refused by name.
+// --matmul_precision: the three names round-trip through ATen's context; others are refused by name.
 TEST(MatmulPrecision, SetsTheContextAndRefusesUnknownNames) {
   EXPECT_EQ(matmul_precision(), "highest");
-  set_matmul_precision("high");
-  EXPECT_EQ(matmul_precision(), "high");
-  set_matmul_precision("highest");
-  EXPECT_EQ(matmul_precision(), "highest");
+  for (const char* name : {"high", "medium", "highest"}) {
+    set_matmul_precision(name);
+    EXPECT_EQ(matmul_precision(), name);
+  }
   try {
-    set_matmul_precision("medium");
-    ADD_FAILURE() << "medium was accepted";
+    set_matmul_precision("low");
+    ADD_FAILURE() << "low was accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("'medium'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'low' (known: highest, high, medium)"), std::string::npos) << e.what();
   }
   EXPECT_EQ(matmul_precision(), "highest");
+}
+
+// Sets --matmul_precision for a scope, and "highest" again after it.
+struct ScopedPrecision {
+  explicit ScopedPrecision(const char* name) { set_matmul_precision(name); }
+  ~ScopedPrecision() { set_matmul_precision("highest"); }
+};
+
+double max_rel(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
+}
+
+// What a call returns and the gradients it sends to its inputs, for an upstream gradient drawn
+// from the output's shape with a fixed seed.
+std::vector<at::Tensor> value_and_grads(const std::function<at::Tensor()>& call, const std::vector<at::Tensor>& inputs) {
+  for (auto t : inputs) t.mutable_grad() = at::Tensor();
+  auto out = call();
+  torch::manual_seed(23);
+  out.backward(torch::randn_like(out));
+  std::vector<at::Tensor> r{out.detach()};
+  for (const auto& t : inputs) r.push_back(t.grad().clone());
+  return r;
+}
+
+// "medium": a float32 product takes bfloat16 copies of its operands (float32 accumulation, the
+// result rounded to bfloat16 once), gradients included; "highest" is ATen's float32 product; other
+// dtypes are untouched.
+TEST(MatmulPrecision, MediumRunsFloat32ProductsOnBfloat16Operands) {
+  torch::manual_seed(5);
+  auto x = torch::randn({3, 7, 48}).requires_grad_(), w = torch::randn({40, 48}).requires_grad_(),
+       b = torch::randn({40}).requires_grad_();
+  auto bf = [](const at::Tensor& t) { return t.detach().to(torch::kBFloat16); };
+  EXPECT_FALSE(bf16_products(x));
+  const auto full = value_and_grads([&] { return seqrec::ops::linear(x, w, b); }, {x, w, b});
+  EXPECT_TRUE(torch::equal(full[0], torch::linear(x, w, b)));
+  {
+    const ScopedPrecision medium("medium");
+    EXPECT_TRUE(bf16_products(x));
+    EXPECT_FALSE(bf16_products(x.to(torch::kFloat64)));
+    const auto half = value_and_grads([&] { return seqrec::ops::linear(x, w, b); }, {x, w, b});
+    EXPECT_TRUE(torch::equal(half[0], torch::linear(bf(x), bf(w)).to(torch::kFloat) + b));
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(half[i].scalar_type(), torch::kFloat) << i;
+      EXPECT_GT(max_rel(half[i], full[i]), 1e-5) << i << ": no bfloat16 rounding";
+      EXPECT_LT(max_rel(half[i], full[i]), 2e-2) << i;
+    }
+    EXPECT_TRUE(torch::allclose(half[3], full[3])) << "the bias's gradient has no product";
+    auto xd = x.detach().to(torch::kFloat64), wd = w.detach().to(torch::kFloat64);
+    EXPECT_TRUE(torch::equal(seqrec::ops::linear(xd, wd), torch::linear(xd, wd)));
+
+    auto a4 = torch::randn({2, 3, 5, 8}), b4 = torch::randn({2, 3, 8, 6});
+    EXPECT_TRUE(torch::equal(seqrec::ops::matmul(a4, b4), torch::matmul(bf(a4), bf(b4)).to(torch::kFloat)));
+    EXPECT_GT(max_rel(seqrec::ops::matmul(a4, b4), torch::matmul(a4, b4)), 1e-5);
+    auto a2 = torch::randn({9, 48}), b2 = torch::randn({48, 5});
+    auto out = torch::empty({9, 5}), acc = torch::ones({9, 5});
+    seqrec::ops::mm_out(out, a2, b2);
+    seqrec::ops::addmm_(acc, a2, b2);
+    const auto expect = torch::mm(bf(a2), bf(b2)).to(torch::kFloat);
+    EXPECT_TRUE(torch::equal(out, expect));
+    EXPECT_TRUE(torch::equal(acc, expect + 1));
+  }
+  auto a2 = torch::randn({9, 48}), b2 = torch::randn({48, 5});
+  auto out = torch::empty({9, 5}), acc = torch::ones({9, 5});
+  seqrec::ops::mm_out(out, a2, b2);
+  seqrec::ops::addmm_(acc, a2, b2);
+  EXPECT_TRUE(torch::equal(out, torch::mm(a2, b2)));
+  EXPECT_TRUE(torch::allclose(acc, torch::mm(a2, b2) + 1));
+}
+
+// The ops whose products the models run through ATen (softmax attention, FLASH4Rec's gated
+// attention, the softmax loss) take "medium": values and gradients move by bfloat16's rounding,
+// no more.
+TEST(MatmulPrecision, MediumReachesTheAttentionAndLossProducts) {
+  torch::manual_seed(8);
+  const int64_t B = 2, L = 11, D = 16;
+  auto grad = [](at::Tensor t) { return t.requires_grad_(); };
+  auto q = grad(torch::randn({B, 1, L, D})), k = grad(torch::randn({B, 1, L, D})), v = grad(torch::randn({B, 1, L, D}));
+  auto pad = torch::zeros({B, L}, torch::kBool);
+  pad[1].narrow(0, 0, 3).fill_(true);
+  const auto bias = causal_padding_bias(pad, torch::kFloat);
+  // H = 1 with a per-sequence bias is the reference's one-GEMM path; H = 2 its general one.
+  auto q2 = grad(torch::randn({B, 2, L, D}));
+  auto hidden = grad(torch::randn({13, D})), table = grad(torch::randn({30, D}));
+  auto targets = torch::randint(1, 30, {13}, torch::kLong);
+  struct Named {
+    const char* name;
+    std::function<at::Tensor()> call;
+    std::vector<at::Tensor> inputs;
+  };
+  const std::vector<Named> calls{
+      {"softmax_attention", [&] { return causal_softmax_attention_biased(q, k, v, bias, 0.0, false); }, {q, k, v}},
+      {"softmax_attention_heads",
+       [&] { return causal_softmax_attention_biased(q2, q2 * 0.5, q2.flip(2), bias, 0.0, false); }, {q2}},
+      {"gated_attention", [&] { return gated_attention(q, k, v, pad, GatedAttentionOptions{}); }, {q, k, v}},
+      {"softmax_loss", [&] { return softmax_loss_sum(hidden, table, targets, 5, 0); }, {hidden, table}},
+      {"softmax_loss_kept", [&] { return softmax_loss_sum(hidden, table, targets, 5, 1 << 20); }, {hidden, table}},
+  };
+  for (const auto& c : calls) {
+    const auto full = value_and_grads(c.call, c.inputs);
+    const ScopedPrecision medium("medium");
+    const auto half = value_and_grads(c.call, c.inputs);
+    for (size_t i = 0; i < full.size(); ++i) {
+      EXPECT_GT(max_rel(half[i], full[i]), 1e-6) << c.name << " " << i << ": no bfloat16 rounding";
+      EXPECT_LT(max_rel(half[i], full[i]), 3e-2) << c.name << " " << i;
+    }
+  }
 }
 
 // On a CUDA device (Ampere or later) "high" reaches cuBLAS: a float32 product then carries

@@ -1,0 +1,28 @@
+#pragma once
+#include <ATen/core/Tensor.h>
+
+// The matrix products of the models' layers, attention and loss, in the precision that
+// `--matmul_precision` names (ops/kernels.h). At "highest" and "high" each is the ATen product
+// it names. At "medium" a float32 product takes bfloat16 copies of its operands and returns
+// float32: the product accumulates in float32 and its result is rounded to bfloat16's 8-bit
+// mantissa once (about 4e-3 relative), on any device. On a CPU with AVX-512 BF16 oneDNN runs
+// those products on the BF16 dot-product instructions, two to three times float32's rate;
+// elsewhere it emulates them. Gradients flow through the casts, so a backward's products run in
+// bfloat16 too and every gradient arrives in float32. Products of other dtypes are untouched.
+namespace seqrec::ops {
+
+// Whether a product of the float32 tensor `t` runs on bfloat16 operands: the precision is
+// "medium" and `t` is float32.
+bool bf16_products(const at::Tensor& t);
+
+// x·weightᵀ + bias, as at::linear (bias may be undefined).
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
+
+// a·b with at::matmul's broadcasting.
+at::Tensor matmul(const at::Tensor& a, const at::Tensor& b);
+
+// For hand-written backwards (no autograd): out = a·b, and self += a·b, all 2-D.
+void mm_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
+void addmm_(at::Tensor& self, const at::Tensor& a, const at::Tensor& b);
+
+}  // namespace seqrec::ops
