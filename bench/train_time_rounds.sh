@@ -8,7 +8,9 @@
 # e.g. (LinRec's paper setting in its released code's scheme, the time bar's own):
 #   bench/train_time_rounds.sh 3 80 -- --flagfile configs/ml-1m/linrec.flags --objective last --train_prefixes
 # Environment: MODELS (default "sasrec linrec"), BINS (name=path pairs, default
-# "build=build/seqrec"; name a second binary to time a change against), THREADS (default 1),
+# "build=build/seqrec"; name a second binary to time a change against; BIN_FLAGS_<name> adds
+# flags to that entry's runs, so one binary can be timed two ways, e.g. BINS="fp32=build/seqrec
+# bf16=build/seqrec" BIN_FLAGS_bf16="--matmul_precision medium"), THREADS (default 1),
 # DATA (a prepared ML-1M, default runs/ml-1m-uf, else prepared into BENCH_DIR from
 # ../shared/data/ml-1m/sasrec/ml-1m.txt.xz).
 set -euo pipefail
@@ -33,15 +35,21 @@ for b in $bins; do [ -x "${b#*=}" ] || { echo "not an executable: ${b#*=} (BINS 
 
 echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $threads thread(s) per run"
 echo "== $rounds round(s) of $steps steps; models: $models; binaries: $bins; flags: $*"
+for b in $bins; do
+  v=BIN_FLAGS_${b%%=*}
+  [ -z "${!v:-}" ] || echo "== ${b%%=*} adds: ${!v}"
+done
 results=$work/results.txt
 : > "$results"
 for r in $(seq 1 "$rounds"); do
   for m in $models; do
     for b in $bins; do
       name=${b%%=*} bin=${b#*=} out=$work/run-$m-$name
+      extra_var=BIN_FLAGS_$name
+      read -r -a extra <<< "${!extra_var:-}"
       rm -rf "$out"
-      if ! "$bin" train "$@" --model "$m" --data "$data" --out "$out" --threads "$threads" --max_steps "$steps" \
-          --final_test=false > "$out.log" 2>&1; then
+      if ! "$bin" train "$@" "${extra[@]}" --model "$m" --data "$data" --out "$out" --threads "$threads" \
+          --max_steps "$steps" --final_test=false > "$out.log" 2>&1; then
         echo "round $r $m $name: failed (log: $out.log)" >&2
         tail -3 "$out.log" >&2
         exit 1

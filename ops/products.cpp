@@ -17,8 +17,9 @@ bool bf16_products(const at::Tensor& t) {
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (!bf16_products(x)) return at::linear(x, weight, bias);
-  auto y = at::linear(bf16(x), bf16(weight)).to(at::kFloat);
-  return bias.defined() ? y + bias : y;
+  auto y = at::linear(bf16(x), bf16(weight));
+  // bfloat16 + float32 promotes to float32: the bias is added in the pass that widens the result.
+  return bias.defined() ? at::add(y, bias) : y.to(at::kFloat);
 }
 
 at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {

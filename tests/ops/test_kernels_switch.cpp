@@ -166,6 +166,7 @@ TEST(MatmulPrecision, MediumRunsFloat32ProductsOnBfloat16Operands) {
       EXPECT_LT(max_rel(half[i], full[i]), 2e-2) << i;
     }
     EXPECT_TRUE(torch::allclose(half[3], full[3])) << "the bias's gradient has no product";
+    EXPECT_TRUE(torch::equal(seqrec::ops::linear(x, w), torch::linear(bf(x), bf(w)).to(torch::kFloat)));
     auto xd = x.detach().to(torch::kFloat64), wd = w.detach().to(torch::kFloat64);
     EXPECT_TRUE(torch::equal(seqrec::ops::linear(xd, wd), torch::linear(xd, wd)));
 
