@@ -16,7 +16,8 @@ bool fused_kernels();
 //   convolutions (inputs rounded to 10-bit mantissas, float32 accumulation); a CPU's products
 //   stay float32;
 // - "medium": on any device, the products of the models' layers, attention and loss run on
-//   bfloat16 operands (ops/products.h), and other float32 cuBLAS products as at "high".
+//   bfloat16 operands (ops/products.h), and other float32 cuBLAS products as at "high" (LibTorch
+//   2.x may also hand other float32 CPU products to oneDNN in bfloat16 on a CPU with AVX-512 BF16).
 // Sets ATen's global context for the process. Throws std::invalid_argument naming an unknown
 // value.
 void set_matmul_precision(const std::string& name);
