@@ -43,4 +43,6 @@ void addmm_(at::Tensor& self, const at::Tensor& a, const at::Tensor& b) {
   self.add_(at::mm(bf16(a), bf16(b)));
 }
 
+at::Tensor product_operand(const at::Tensor& b) { return bf16_products(b) ? bf16(b) : b; }
+
 }  // namespace seqrec::ops

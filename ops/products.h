@@ -25,4 +25,9 @@ at::Tensor matmul(const at::Tensor& a, const at::Tensor& b);
 void mm_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
 void addmm_(at::Tensor& self, const at::Tensor& a, const at::Tensor& b);
 
+// `b` as the products above take it beside a float32 `a`: its bfloat16 copy where they run on
+// bfloat16 operands, else `b` itself. An operand reused across many products (a loss's item
+// table, chunk after chunk) is cast once this way; the first operand decides the precision.
+at::Tensor product_operand(const at::Tensor& b);
+
 }  // namespace seqrec::ops

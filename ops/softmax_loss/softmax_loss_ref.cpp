@@ -12,7 +12,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Logits of rows [r0, r0 + n) with the padding column at -inf.
+// Logits of rows [r0, r0 + n) with the padding column at -inf; `table` as product_operand gives it.
 at::Tensor chunk_logits(const at::Tensor& hidden, const at::Tensor& table, int64_t r0, int64_t n) {
   auto logits = ops::matmul(hidden.narrow(0, r0, n), table.t());
   logits.select(1, 0).fill_(-std::numeric_limits<double>::infinity());
@@ -40,15 +40,16 @@ struct ChunkedSoftmaxLoss : public torch::autograd::Function<ChunkedSoftmaxLoss>
     auto norm = torch::empty({T, 2}, hidden.options());
     auto probs = keep ? torch::empty({T, table.size(0)}, hidden.options()) : at::Tensor();
     auto total = torch::zeros({}, hidden.options().dtype(at::kDouble));
+    const auto tab = product_operand(table);  // cast once for every chunk's product
     for (int64_t r0 = 0; r0 < T; r0 += chunk) {
       const int64_t n = std::min(chunk, T - r0);
       at::Tensor logits;
       if (keep) {
         logits = probs.narrow(0, r0, n);
-        ops::mm_out(logits, hidden.narrow(0, r0, n), table.t());
+        ops::mm_out(logits, hidden.narrow(0, r0, n), tab.t());
         logits.select(1, 0).fill_(-std::numeric_limits<double>::infinity());
       } else {
-        logits = chunk_logits(hidden, table, r0, n);
+        logits = chunk_logits(hidden, tab, r0, n);
       }
       auto target_logit = logits.gather(1, targets.narrow(0, r0, n).unsqueeze(1)).squeeze(1);
       auto mn = norm.narrow(0, r0, n);
@@ -70,6 +71,7 @@ struct ChunkedSoftmaxLoss : public torch::autograd::Function<ChunkedSoftmaxLoss>
     auto g = grads[0];  // scalar
     auto grad_hidden = torch::empty_like(hidden);
     auto grad_table = torch::zeros_like(table);
+    const auto tab = product_operand(table);
     for (int64_t r0 = 0; r0 < T; r0 += chunk) {
       const int64_t n = std::min(chunk, T - r0);
       // d/dlogits = softmax - onehot(target), times the incoming gradient. The kept
@@ -79,14 +81,14 @@ struct ChunkedSoftmaxLoss : public torch::autograd::Function<ChunkedSoftmaxLoss>
       if (keep) {
         p = saved[3].narrow(0, r0, n);
       } else {
-        p = chunk_logits(hidden, table, r0, n);
+        p = chunk_logits(hidden, tab, r0, n);
         const auto mn = saved[3].narrow(0, r0, n);
         p.sub_(mn.narrow(1, 0, 1)).exp_().div_(mn.narrow(1, 1, 1));
       }
       p.scatter_add_(1, targets.narrow(0, r0, n).unsqueeze(1), -torch::ones({n, 1}, p.options()));
       p.mul_(g);
       auto gh = grad_hidden.narrow(0, r0, n);
-      ops::mm_out(gh, p, table);
+      ops::mm_out(gh, p, tab);
       ops::addmm_(grad_table, p.t(), hidden.narrow(0, r0, n));
     }
     return {grad_hidden, grad_table, at::Tensor(), at::Tensor(), at::Tensor()};
