@@ -18,8 +18,11 @@ bool bf16_products(const at::Tensor& t) {
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (!bf16_products(x)) return at::linear(x, weight, bias);
   auto y = at::linear(bf16(x), bf16(weight));
-  // bfloat16 + float32 promotes to float32: the bias is added in the pass that widens the result.
-  return bias.defined() ? at::add(y, bias) : y.to(at::kFloat);
+  // Widened first, then the bias added in place: LibTorch 1.13's add of a bfloat16 and a float32
+  // tensor takes its slow mixed-dtype path, 20-25x the time of the cast and the float add together
+  // (a [2,048 x 384] product's bias: 2.8 ms against 0.12 ms on the AMD EPYC VM, 1 thread).
+  auto out = y.to(at::kFloat);
+  return bias.defined() ? out.add_(bias) : out;
 }
 
 at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
@@ -40,7 +43,7 @@ void addmm_(at::Tensor& self, const at::Tensor& a, const at::Tensor& b) {
     self.addmm_(a, b);
     return;
   }
-  self.add_(at::mm(bf16(a), bf16(b)));
+  self.add_(at::mm(bf16(a), bf16(b)).to(at::kFloat));  // widened first, as in linear
 }
 
 at::Tensor product_operand(const at::Tensor& b) { return bf16_products(b) ? bf16(b) : b; }
