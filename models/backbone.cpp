@@ -21,9 +21,16 @@ class FeedForwardImpl : public torch::nn::Module {
     fc2_ = register_module("fc2", torch::nn::Linear(inner, o.hidden));
   }
   at::Tensor forward(const at::Tensor& x) {
-    auto a = apply_linear(fc1_, x);
-    auto h = ops::activation_dropout(a, gelu_ ? ops::Activation::kGelu : ops::Activation::kRelu, dropout_,
-                                     is_training());
+    const auto act = gelu_ ? ops::Activation::kGelu : ops::Activation::kRelu;
+    if (ops::bf16_products(x)) {
+      // Products on bfloat16 operands: each layer's bias, activation and dropout are one pass over
+      // its bfloat16 product, and the hidden layer stays in bfloat16 for the second product.
+      auto h = ops::bias_activation_dropout(ops::product_bf16(x, fc1_->weight), fc1_->bias, act, dropout_,
+                                            is_training(), at::kBFloat16);
+      return ops::bias_activation_dropout(ops::product_bf16(h, fc2_->weight), fc2_->bias, std::nullopt, dropout_,
+                                          is_training(), at::kFloat);
+    }
+    auto h = ops::activation_dropout(apply_linear(fc1_, x), act, dropout_, is_training());
     return ops::dropout(apply_linear(fc2_, h), dropout_, is_training());
   }
 

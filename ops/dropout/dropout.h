@@ -1,5 +1,6 @@
 #pragma once
 #include <cstdint>
+#include <optional>
 // Inverted dropout whose mask comes from a counter-based generator: one 64-bit draw from
 // Torch's default generator seeds the call (so the dropout stream is part of the saved RNG
 // state and resumes exactly), and element i's keep decision is a hash of (seed, i).
@@ -30,6 +31,23 @@ at::Tensor activation_dropout(const at::Tensor& a, Activation act, double p, boo
 
 // The ATen composition: dropout(torch::gelu(a) or torch::relu(a), p, training).
 at::Tensor activation_dropout_reference(const at::Tensor& a, Activation act, double p, bool training);
+
+// The epilogue of a layer whose product ran on bfloat16 operands (--matmul_precision medium):
+// y [.., N], the product in bfloat16 before its bias, and bias [N] (float32) ->
+// dropout(act(float(y) + bias), p, training) (no activation when act is empty), returned in
+// bfloat16 when `out` is kBFloat16 (the next product's operand, rounded to nearest even as a cast
+// rounds it) or float32. The same seed draws as activation_dropout and dropout. On the CPU
+// (unless --fused_kernels=false) one pass forward and one backward, where the composition makes
+// four forward (widen, add the bias, the activation and dropout, round) and four backward:
+// values and y's gradient (bfloat16) equal the composition bit for bit with ReLU or no
+// activation and to GELU's erf approximation with it; the bias's gradient (float32) is summed
+// in double. ReLU's backward reads the output, so an output rounded to a bfloat16 zero passes no
+// gradient (only below 2^-133). Elsewhere bias_activation_dropout_reference.
+at::Tensor bias_activation_dropout(const at::Tensor& y, const at::Tensor& bias, std::optional<Activation> act,
+                                   double p, bool training, at::ScalarType out);
+at::Tensor bias_activation_dropout_reference(const at::Tensor& y, const at::Tensor& bias,
+                                             std::optional<Activation> act, double p, bool training,
+                                             at::ScalarType out);
 
 // SplitMix64's finaliser: the counter-based hash behind dropout masks, MoE gating noise and
 // keyed priorities (a bijection on 64 bits with good avalanche).

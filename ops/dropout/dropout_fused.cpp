@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "ops/cpu_features.h"
 #include "ops/dropout/dropout.h"
@@ -219,6 +220,219 @@ class ActivationDropoutFused : public torch::autograd::Function<ActivationDropou
   }
 };
 
+// bias_activation_dropout: the epilogue of a product on bfloat16 operands. y's rows are N wide;
+// element i = r·N + c takes bias[c] and its keep bits are lane i of the same hashes as above,
+// so a row is walked in pieces of at most kPiece elements whose hashes are drawn together.
+constexpr int64_t kPiece = kBlock - 16;
+
+__attribute__((always_inline)) inline float from_bf16(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+// Round to nearest even, NaN to the quiet NaN: c10::BFloat16's rounding (a cast's).
+__attribute__((always_inline)) inline uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return f != f ? uint16_t{0x7FC0} : static_cast<uint16_t>(rounded);
+}
+template <typename Out>
+__attribute__((always_inline)) inline Out store_as(float v) {
+  if constexpr (std::is_same_v<Out, uint16_t>) return to_bf16(v);
+  else return v;
+}
+template <typename G>
+__attribute__((always_inline)) inline float load_as(G v) {
+  if constexpr (std::is_same_v<G, uint16_t>) return from_bf16(v);
+  else return v;
+}
+
+// Rows [r0, r1) of the forward (kBackward false: out = act(y + bias)·m) or the backward (given
+// g: gy = bf16(g·m·act'(y + bias)), gbias += the same in double; ReLU's from the output o alone).
+template <Op kOp, bool kBackward, typename Out, typename G>
+__attribute__((always_inline)) inline void epilogue_rows_any(const Keep* k, float scale, const uint16_t* __restrict__ y,
+                                                             const float* __restrict__ bias, const Out* __restrict__ o,
+                                                             const G* __restrict__ g, Out* __restrict__ out,
+                                                             uint16_t* __restrict__ gy, double* __restrict__ gbias,
+                                                             int64_t N, int64_t r0, int64_t r1) {
+  alignas(64) uint16_t h[kBlock];
+  if (!k) std::memset(h, 0, sizeof h);
+  const uint32_t th = k ? k->threshold : 0;
+  constexpr bool kHashes = !(kBackward && kOp == Op::kRelu);
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t c0 = 0; c0 < N; c0 += kPiece) {
+      const int64_t n = std::min(kPiece, N - c0), s = r * N + c0, w0 = s / 4, off = s - 4 * w0;
+      if (kHashes && k) lanes(*k, w0, (off + n + 3) / 4, h);
+      const uint16_t* __restrict__ hp = h + off;
+      const float* __restrict__ b = bias + c0;
+      if constexpr (!kBackward) {
+        Out* __restrict__ dst = out + s;
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) {
+          const float m = static_cast<uint32_t>(hp[j]) >= th ? scale : 0.0f;
+          const float a = from_bf16(y[s + j]) + b[j];
+          float v;
+          if constexpr (kOp == Op::kScale) {
+            v = a * m;
+          } else if constexpr (kOp == Op::kRelu) {
+            v = (a > 0.0f ? a : 0.0f) * m;
+          } else {
+            float cdf, pdf;
+            normal_cdf_pdf(a, cdf, pdf);
+            v = (a * cdf) * m;
+          }
+          dst[j] = store_as<Out>(v);
+        }
+      } else {
+        uint16_t* __restrict__ dst = gy + s;
+        double* __restrict__ gb = gbias + c0;
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) {
+          const float gj = load_as<G>(g[s + j]);
+          float v;
+          if constexpr (kOp == Op::kRelu) {
+            v = load_as<Out>(o[s + j]) > 0.0f ? gj * scale : 0.0f;
+          } else {
+            const float m = static_cast<uint32_t>(hp[j]) >= th ? scale : 0.0f;
+            if constexpr (kOp == Op::kScale) {
+              v = gj * m;
+            } else {
+              const float a = from_bf16(y[s + j]) + b[j];
+              float cdf, pdf;
+              normal_cdf_pdf(a, cdf, pdf);
+              v = (gj * m) * (cdf + a * pdf);
+            }
+          }
+          dst[j] = to_bf16(v);
+          gb[j] += static_cast<double>(v);
+        }
+      }
+    }
+}
+
+template <Op kOp, bool kBackward, typename Out, typename G>
+void epilogue_rows(const Keep* k, float scale, const uint16_t* y, const float* bias, const Out* o, const G* g, Out* out,
+                   uint16_t* gy, double* gbias, int64_t N, int64_t r0, int64_t r1) {
+  epilogue_rows_any<kOp, kBackward, Out, G>(k, scale, y, bias, o, g, out, gy, gbias, N, r0, r1);
+}
+#if SEQREC_CPU_X86
+template <Op kOp, bool kBackward, typename Out, typename G>
+SEQREC_CPU_AVX2 void epilogue_rows_avx2(const Keep* k, float scale, const uint16_t* y, const float* bias, const Out* o,
+                                        const G* g, Out* out, uint16_t* gy, double* gbias, int64_t N, int64_t r0,
+                                        int64_t r1) {
+  epilogue_rows_any<kOp, kBackward, Out, G>(k, scale, y, bias, o, g, out, gy, gbias, N, r0, r1);
+}
+template <Op kOp, bool kBackward, typename Out, typename G>
+SEQREC_CPU_AVX512 void epilogue_rows_avx512(const Keep* k, float scale, const uint16_t* y, const float* bias,
+                                            const Out* o, const G* g, Out* out, uint16_t* gy, double* gbias, int64_t N,
+                                            int64_t r0, int64_t r1) {
+  epilogue_rows_any<kOp, kBackward, Out, G>(k, scale, y, bias, o, g, out, gy, gbias, N, r0, r1);
+}
+#endif
+
+// All R rows of N, across threads; in the backward each thread sums the bias's gradient into its
+// own row of partial sums, added up at the end.
+template <Op kOp, bool kBackward, typename Out, typename G>
+void epilogue_pass(const Keep* k, double p, const uint16_t* y, const float* bias, const Out* o, const G* g, Out* out,
+                   uint16_t* gy, double* partials, int64_t R, int64_t N) {
+  const float scale = k ? static_cast<float>(1.0 / (1.0 - p)) : 1.0f;
+  at::parallel_for(0, R, std::max<int64_t>(1, kBlock / std::max<int64_t>(N, 1)), [&](int64_t r0, int64_t r1) {
+    double* gb = kBackward ? partials + at::get_thread_num() * N : nullptr;
+#if SEQREC_CPU_X86
+    if (cpu_has_avx512())
+      return epilogue_rows_avx512<kOp, kBackward, Out, G>(k, scale, y, bias, o, g, out, gy, gb, N, r0, r1);
+    if (cpu_has_avx2_fma())
+      return epilogue_rows_avx2<kOp, kBackward, Out, G>(k, scale, y, bias, o, g, out, gy, gb, N, r0, r1);
+#endif
+    epilogue_rows<kOp, kBackward, Out, G>(k, scale, y, bias, o, g, out, gy, gb, N, r0, r1);
+  });
+}
+
+const uint16_t* bf16_data(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); }
+uint16_t* bf16_data_mut(const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
+
+// Calls f(std::integral_constant<Op, ...>) for the epilogue's activation code (-1: none).
+template <typename F>
+void with_op(int64_t act, F&& f) {
+  if (act < 0) return f(std::integral_constant<Op, Op::kScale>{});
+  if (static_cast<Activation>(act) == Activation::kGelu) return f(std::integral_constant<Op, Op::kGelu>{});
+  f(std::integral_constant<Op, Op::kRelu>{});
+}
+
+class BiasActivationDropoutFused : public torch::autograd::Function<BiasActivationDropoutFused> {
+ public:
+  // act: an Activation's value, or -1 for none.
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& y_in, const at::Tensor& bias_in, int64_t act,
+                               bool drop, double p, int64_t seed, bool out_bf16) {
+    auto y = y_in.contiguous(), bias = bias_in.contiguous();
+    const int64_t N = y.size(-1), R = N > 0 ? y.numel() / N : 0;
+    auto out = torch::empty(y.sizes(), y.options().dtype(out_bf16 ? at::kBFloat16 : at::kFloat));
+    const Keep keep = keep_of(p, static_cast<uint64_t>(seed));
+    const Keep* k = drop ? &keep : nullptr;
+    with_op(act, [&](auto op) {
+      constexpr Op kOp = decltype(op)::value;
+      if (out_bf16)
+        epilogue_pass<kOp, false, uint16_t, float>(k, p, bf16_data(y), bias.data_ptr<float>(), nullptr, nullptr,
+                                                   bf16_data_mut(out), nullptr, nullptr, R, N);
+      else
+        epilogue_pass<kOp, false, float, float>(k, p, bf16_data(y), bias.data_ptr<float>(), nullptr, nullptr,
+                                                out.data_ptr<float>(), nullptr, nullptr, R, N);
+    });
+    ctx->saved_data["act"] = act;
+    ctx->saved_data["drop"] = drop;
+    ctx->saved_data["p"] = p;
+    ctx->saved_data["seed"] = seed;
+    const bool relu = act >= 0 && static_cast<Activation>(act) == Activation::kRelu;
+    ctx->save_for_backward({relu ? at::Tensor() : y, bias, relu ? out : at::Tensor()});
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const int64_t act = ctx->saved_data["act"].toInt();
+    const bool drop = ctx->saved_data["drop"].toBool();
+    const double p = ctx->saved_data["p"].toDouble();
+    const Keep keep = keep_of(p, static_cast<uint64_t>(ctx->saved_data["seed"].toInt()));
+    const Keep* k = drop ? &keep : nullptr;
+    auto saved = ctx->get_saved_variables();
+    const auto &y = saved[0], &bias = saved[1], &o = saved[2];
+    const auto& like = y.defined() ? y : o;
+    const int64_t N = bias.size(0), R = N > 0 ? like.numel() / N : 0;
+    auto gy = torch::empty(like.sizes(), like.options().dtype(at::kBFloat16));
+    auto partials = torch::zeros({at::get_num_threads(), N}, bias.options().dtype(at::kDouble));
+    const uint16_t* yp = y.defined() ? bf16_data(y) : nullptr;
+    const float* bp = bias.data_ptr<float>();
+    double* pp = partials.data_ptr<double>();
+    auto g = grads[0].contiguous();
+    with_op(act, [&](auto op) {
+      constexpr Op kOp = decltype(op)::value;
+      // Out: the output's dtype (ReLU reads the saved output); G: the gradient's.
+      auto run = [&](auto out_tag, auto g_tag) {
+        using Out = decltype(out_tag);
+        using G = decltype(g_tag);
+        const Out* op_ = nullptr;
+        if (o.defined()) {
+          if constexpr (std::is_same_v<Out, uint16_t>) op_ = bf16_data(o);
+          else op_ = o.template data_ptr<float>();
+        }
+        const G* gp;
+        if constexpr (std::is_same_v<G, uint16_t>) gp = bf16_data(g);
+        else gp = g.template data_ptr<float>();
+        epilogue_pass<kOp, true, Out, G>(k, p, yp, bp, op_, gp, nullptr, bf16_data_mut(gy), pp, R, N);
+      };
+      if (g.scalar_type() == at::kBFloat16) {
+        if (o.defined() && o.scalar_type() == at::kFloat) run(float{}, uint16_t{});
+        else run(uint16_t{}, uint16_t{});
+      } else {
+        if (o.defined() && o.scalar_type() == at::kBFloat16) run(uint16_t{}, float{});
+        else run(float{}, float{});
+      }
+    });
+    return {gy, partials.sum(0).to(at::kFloat), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 at::Tensor activation_dropout(const at::Tensor& a, Activation act, double p, bool training) {
@@ -228,6 +442,22 @@ at::Tensor activation_dropout(const at::Tensor& a, Activation act, double p, boo
   const bool drop = training && p > 0;
   const uint64_t seed = drop ? random_seed() : 0;  // the draw dropout() makes, no other
   return ActivationDropoutFused::apply(a, static_cast<int64_t>(act), drop, p, static_cast<int64_t>(seed))[0];
+}
+
+at::Tensor bias_activation_dropout(const at::Tensor& y, const at::Tensor& bias, std::optional<Activation> act,
+                                   double p, bool training, at::ScalarType out) {
+  TORCH_CHECK(p >= 0 && p < 1, "dropout probability must be in [0, 1), got ", p);
+  TORCH_CHECK(y.scalar_type() == at::kBFloat16 && bias.scalar_type() == at::kFloat && bias.dim() == 1 &&
+                  y.dim() >= 1 && y.size(-1) == bias.size(0),
+              "bias_activation_dropout takes a bfloat16 product [.., N] and a float32 bias [N]; got ",
+              y.scalar_type(), " ", y.sizes(), " and ", bias.scalar_type(), " ", bias.sizes());
+  TORCH_CHECK(out == at::kBFloat16 || out == at::kFloat, "bias_activation_dropout returns bfloat16 or float32, not ",
+              out);
+  if (!y.device().is_cpu() || !fused_kernels()) return bias_activation_dropout_reference(y, bias, act, p, training, out);
+  const bool drop = training && p > 0;
+  const uint64_t seed = drop ? random_seed() : 0;  // the draw activation_dropout and dropout make
+  return BiasActivationDropoutFused::apply(y, bias, act ? static_cast<int64_t>(*act) : int64_t{-1}, drop, p,
+                                           static_cast<int64_t>(seed), out == at::kBFloat16)[0];
 }
 
 at::Tensor dropout_mask(const at::Tensor& like, double p, uint64_t seed) {

@@ -17,4 +17,11 @@ at::Tensor activation_dropout_reference(const at::Tensor& a, Activation act, dou
   return ops::dropout(act == Activation::kGelu ? torch::gelu(a) : torch::relu(a), p, training);
 }
 
+at::Tensor bias_activation_dropout_reference(const at::Tensor& y, const at::Tensor& bias,
+                                             std::optional<Activation> act, double p, bool training,
+                                             at::ScalarType out) {
+  auto a = y.to(at::kFloat) + bias;
+  return (act ? activation_dropout(a, *act, p, training) : ops::dropout(a, p, training)).to(out);
+}
+
 }  // namespace seqrec::ops

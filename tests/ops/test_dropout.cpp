@@ -10,6 +10,9 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "ops/cpu_features.h"
@@ -240,6 +243,81 @@ TEST(ActivationDropout, ReferenceUnderFusedKernelsOffAndBadRatesNamed) {
     ADD_FAILURE() << "no error for p 1";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("dropout probability must be in [0, 1)"), std::string::npos) << e.what();
+  }
+}
+
+using seqrec::ops::bias_activation_dropout;
+using seqrec::ops::bias_activation_dropout_reference;
+
+// The bfloat16 product's epilogue against its composition (widen, add the bias, activation and
+// dropout, round): N = 13 (rows straddle the hash words) and 1,500 (a row in two pieces), each
+// activation and none, bfloat16 and float32 results, dropping or not, 1 and 2 threads. Values and
+// y's gradient bit for bit (GELU: to its approximation's rounding), the bias's gradient to float
+// rounding, the same seed draws; bad arguments named.
+TEST(BiasActivationDropout, FusedEqualsTheComposition) {
+  const int prev = at::get_num_threads();
+  const std::vector<std::optional<Activation>> acts{std::nullopt, Activation::kRelu, Activation::kGelu};
+  for (int threads : {1, 2})
+    for (int64_t N : {13, 1500})
+      for (const auto& act : acts)
+        for (auto out : {torch::kBFloat16, torch::kFloat32})
+          for (auto [p, training] : {std::pair{0.2, true}, std::pair{0.2, false}}) {
+            at::set_num_threads(threads);
+            torch::manual_seed(7);
+            auto y = (torch::randn({5, 9, N}) * 2).to(torch::kBFloat16).requires_grad_();
+            auto bias = torch::randn({N}).requires_grad_();
+            auto gout = torch::randn(y.sizes()).to(out);
+            const std::string where = std::string(act ? name_of(*act) : "none") + " N " + std::to_string(N) + " " +
+                                      c10::toString(out) + (training ? " training" : " eval") + " threads " +
+                                      std::to_string(threads);
+            torch::manual_seed(21);
+            auto fused = bias_activation_dropout(y, bias, act, p, training, out);
+            const uint64_t next_fused = random_seed();
+            ASSERT_EQ(fused.scalar_type(), out) << where;
+            EXPECT_NE(fused.grad_fn()->name().find("BiasActivationDropoutFused"), std::string::npos) << where;
+            torch::manual_seed(21);
+            auto want = bias_activation_dropout_reference(y, bias, act, p, training, out);
+            EXPECT_EQ(next_fused, random_seed()) << where << ": not the composition's seed draws";
+            auto g_fused = torch::autograd::grad({fused}, {y, bias}, {gout});
+            auto g_want = torch::autograd::grad({want}, {y, bias}, {gout});
+            EXPECT_EQ(g_fused[0].scalar_type(), torch::kBFloat16) << where;
+            EXPECT_EQ(g_fused[1].scalar_type(), torch::kFloat32) << where;
+            if (act && *act == Activation::kGelu) {
+              EXPECT_LT(seqrec::testing::max_err(fused, want), out == torch::kBFloat16 ? 0.07 : 1e-5) << where;
+              EXPECT_LE((fused.to(torch::kFloat) != want.to(torch::kFloat)).sum().item<int64_t>(), fused.numel() / 50)
+                  << where;
+              EXPECT_LE((g_fused[0] != g_want[0]).sum().item<int64_t>(), fused.numel() / 50) << where;
+            } else {
+              EXPECT_TRUE(torch::equal(fused, want)) << where;
+              EXPECT_TRUE(torch::equal(g_fused[0], g_want[0])) << where;
+            }
+            EXPECT_TRUE(torch::allclose(g_fused[1], g_want[1], 1e-4, 1e-4))
+                << where << ": " << seqrec::testing::max_err(g_fused[1], g_want[1]);
+          }
+  at::set_num_threads(prev);
+
+  auto y = torch::randn({4, 6}).to(torch::kBFloat16);
+  auto expect_named = [&](const std::function<void()>& f, const std::string& text) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected " << text;
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  expect_named([&] { bias_activation_dropout(y.to(torch::kFloat), torch::randn({6}), {}, 0.1, true, torch::kFloat); },
+               "takes a bfloat16 product");
+  expect_named([&] { bias_activation_dropout(y, torch::randn({5}), {}, 0.1, true, torch::kFloat); },
+               "takes a bfloat16 product");
+  expect_named([&] { bias_activation_dropout(y, torch::randn({6}), {}, 0.1, true, torch::kFloat64); },
+               "returns bfloat16 or float32");
+  expect_named([&] { bias_activation_dropout(y, torch::randn({6}), {}, 1.0, true, torch::kFloat); },
+               "dropout probability must be in [0, 1)");
+  {
+    const seqrec::testing::ScopedFusedKernels off(false);
+    auto r = bias_activation_dropout(y, torch::randn({6}).requires_grad_(), Activation::kRelu, 0.1, true,
+                                     torch::kBFloat16);
+    EXPECT_EQ(r.grad_fn()->name().find("BiasActivationDropoutFused"), std::string::npos) << r.grad_fn()->name();
   }
 }
 
