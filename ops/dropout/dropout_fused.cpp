@@ -384,8 +384,10 @@ class BiasActivationDropoutFused : public torch::autograd::Function<BiasActivati
     ctx->saved_data["drop"] = drop;
     ctx->saved_data["p"] = p;
     ctx->saved_data["seed"] = seed;
+    // The backward reads GELU's input and ReLU's output; without an activation, the mask alone.
+    const bool gelu = act >= 0 && static_cast<Activation>(act) == Activation::kGelu;
     const bool relu = act >= 0 && static_cast<Activation>(act) == Activation::kRelu;
-    ctx->save_for_backward({relu ? at::Tensor() : y, bias, relu ? out : at::Tensor()});
+    ctx->save_for_backward({gelu ? y : at::Tensor(), bias, relu ? out : at::Tensor()});
     return {out};
   }
 
@@ -397,14 +399,13 @@ class BiasActivationDropoutFused : public torch::autograd::Function<BiasActivati
     const Keep* k = drop ? &keep : nullptr;
     auto saved = ctx->get_saved_variables();
     const auto &y = saved[0], &bias = saved[1], &o = saved[2];
-    const auto& like = y.defined() ? y : o;
-    const int64_t N = bias.size(0), R = N > 0 ? like.numel() / N : 0;
-    auto gy = torch::empty(like.sizes(), like.options().dtype(at::kBFloat16));
+    auto g = grads[0].contiguous();  // shaped as y
+    const int64_t N = bias.size(0), R = N > 0 ? g.numel() / N : 0;
+    auto gy = torch::empty(g.sizes(), g.options().dtype(at::kBFloat16));
     auto partials = torch::zeros({at::get_num_threads(), N}, bias.options().dtype(at::kDouble));
     const uint16_t* yp = y.defined() ? bf16_data(y) : nullptr;
     const float* bp = bias.data_ptr<float>();
     double* pp = partials.data_ptr<double>();
-    auto g = grads[0].contiguous();
     with_op(act, [&](auto op) {
       constexpr Op kOp = decltype(op)::value;
       // Out: the output's dtype (ReLU reads the saved output); G: the gradient's.
