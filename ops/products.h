@@ -15,8 +15,7 @@ namespace seqrec::ops {
 // "medium" and `t` is float32.
 bool bf16_products(const at::Tensor& t);
 
-// x·weightᵀ + bias, as at::linear (bias may be undefined). A bfloat16 x beside a float32 weight
-// (a product_bf16 epilogue's result, ops/dropout/dropout.h) is taken as "medium" takes it.
+// x·weightᵀ + bias, as at::linear (bias may be undefined).
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 
 // x·weightᵀ on bfloat16 operands, returned in bfloat16 without a bias: for a layer whose bias,
