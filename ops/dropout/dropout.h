@@ -49,6 +49,21 @@ at::Tensor bias_activation_dropout_reference(const at::Tensor& y, const at::Tens
                                              std::optional<Activation> act, double p, bool training,
                                              at::ScalarType out);
 
+// Softmax attention's probabilities at --matmul_precision medium: scores [B, H, Lq, L], the
+// bfloat16 product q·kᵀ before scaling, and bias [B or 1, 1, Lq, L] (float32: 0 where a key is
+// seen, -inf where not, every row seeing one) -> dropout(softmax(float(scores)·scale + bias),
+// p, training) in bfloat16, the operand of the product with the values. The same seed draw and
+// keep bits as dropout() on the float32 probabilities. On the CPU (unless --fused_kernels=false)
+// one pass over each row forward and one backward (recomputing the row's softmax from the saved
+// scores), where the composition makes six forward (widen, scale, bias, softmax, dropout,
+// round) and five backward; exp is exp_nonpositive's (2 ulp), so values and the scores'
+// gradient (bfloat16) match the composition to a bfloat16 rounding. The bias takes no gradient.
+// Elsewhere softmax_dropout_bf16_reference.
+at::Tensor softmax_dropout_bf16(const at::Tensor& scores, const at::Tensor& bias, double scale, double p,
+                                bool training);
+at::Tensor softmax_dropout_bf16_reference(const at::Tensor& scores, const at::Tensor& bias, double scale, double p,
+                                          bool training);
+
 // SplitMix64's finaliser: the counter-based hash behind dropout masks, MoE gating noise and
 // keyed priorities (a bijection on 64 bits with good avalanche).
 inline uint64_t mix64(uint64_t z) {

@@ -14,6 +14,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <vector>
 #include <type_traits>
 
 #include "ops/cpu_features.h"
@@ -434,6 +436,138 @@ class BiasActivationDropoutFused : public torch::autograd::Function<BiasActivati
   }
 };
 
+// softmax_dropout_bf16: row r of the [R, L] scores (R = B·H·Lq) takes bias row
+// (b or 0)·Lq + r mod Lq, b = r / (H·Lq); its keep bits are lanes r·L + j, as dropout()'s on the
+// probabilities. Each row: its keep factors into m, then x = scores·scale + bias and its max,
+// then e = exp(x - max) (0 where x is -inf) and its sum, then the forward's bf16(e / sum · m)
+// or, given g, the backward's bf16(p (g·m - Σ g·m·p) · scale).
+template <bool kBackward>
+__attribute__((always_inline)) inline void softmax_rows_any(const Keep* k, float keep_scale, float scale,
+                                                            const uint16_t* __restrict__ s,
+                                                            const float* __restrict__ bias, bool bias_batched,
+                                                            int64_t H, int64_t Lq, int64_t L,
+                                                            const uint16_t* __restrict__ g, uint16_t* __restrict__ out,
+                                                            float* __restrict__ x, float* __restrict__ m, int64_t r0,
+                                                            int64_t r1) {
+  alignas(64) uint16_t h[kBlock];
+  if (!k) std::memset(h, 0, sizeof h);
+  const uint32_t th = k ? k->threshold : 0;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t c0 = 0; c0 < L; c0 += kPiece) {
+      const int64_t n = std::min(kPiece, L - c0), e0 = r * L + c0, w0 = e0 / 4, off = e0 - 4 * w0;
+      if (k) lanes(*k, w0, (off + n + 3) / 4, h);
+      const uint16_t* __restrict__ hp = h + off;
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) m[c0 + j] = static_cast<uint32_t>(hp[j]) >= th ? keep_scale : 0.0f;
+    }
+    const uint16_t* __restrict__ sr = s + r * L;
+    const float* __restrict__ br = bias + ((bias_batched ? r / (H * Lq) : 0) * Lq + r % Lq) * L;
+    float mx = kNegInf;
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < L; ++j) {
+      x[j] = from_bf16(sr[j]) * scale + br[j];
+      mx = std::max(mx, x[j]);
+    }
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < L; ++j) {
+      const float e = exp_nonpositive(x[j] - mx);
+      x[j] = x[j] == kNegInf ? 0.0f : e;
+      sum += x[j];
+    }
+    const float inv = 1.0f / sum;
+    uint16_t* __restrict__ dst = out + r * L;
+    if constexpr (!kBackward) {
+#pragma omp simd
+      for (int64_t j = 0; j < L; ++j) dst[j] = to_bf16((x[j] * inv) * m[j]);
+    } else {
+      const uint16_t* __restrict__ gr = g + r * L;
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t j = 0; j < L; ++j) dot += (from_bf16(gr[j]) * m[j]) * (x[j] * inv);
+#pragma omp simd
+      for (int64_t j = 0; j < L; ++j) {
+        const float p = x[j] * inv;
+        dst[j] = to_bf16((p * (from_bf16(gr[j]) * m[j] - dot)) * scale);
+      }
+    }
+  }
+}
+
+template <bool kBackward>
+void softmax_rows(const Keep* k, float keep_scale, float scale, const uint16_t* s, const float* bias, bool bias_batched,
+                  int64_t H, int64_t Lq, int64_t L, const uint16_t* g, uint16_t* out, float* x, float* m, int64_t r0,
+                  int64_t r1) {
+  softmax_rows_any<kBackward>(k, keep_scale, scale, s, bias, bias_batched, H, Lq, L, g, out, x, m, r0, r1);
+}
+#if SEQREC_CPU_X86
+template <bool kBackward>
+SEQREC_CPU_AVX2 void softmax_rows_avx2(const Keep* k, float keep_scale, float scale, const uint16_t* s,
+                                       const float* bias, bool bias_batched, int64_t H, int64_t Lq, int64_t L,
+                                       const uint16_t* g, uint16_t* out, float* x, float* m, int64_t r0, int64_t r1) {
+  softmax_rows_any<kBackward>(k, keep_scale, scale, s, bias, bias_batched, H, Lq, L, g, out, x, m, r0, r1);
+}
+template <bool kBackward>
+SEQREC_CPU_AVX512 void softmax_rows_avx512(const Keep* k, float keep_scale, float scale, const uint16_t* s,
+                                           const float* bias, bool bias_batched, int64_t H, int64_t Lq, int64_t L,
+                                           const uint16_t* g, uint16_t* out, float* x, float* m, int64_t r0,
+                                           int64_t r1) {
+  softmax_rows_any<kBackward>(k, keep_scale, scale, s, bias, bias_batched, H, Lq, L, g, out, x, m, r0, r1);
+}
+#endif
+
+// One direction over every row of scores (contiguous [B, H, Lq, L] bfloat16) into out.
+template <bool kBackward>
+void softmax_pass(const Keep* k, double p, double scale, const at::Tensor& scores, const at::Tensor& bias,
+                  const at::Tensor& g, const at::Tensor& out) {
+  const int64_t B = scores.size(0), H = scores.size(1), Lq = scores.size(2), L = scores.size(3), R = B * H * Lq;
+  const float keep_scale = k ? static_cast<float>(1.0 / (1.0 - p)) : 1.0f, sc = static_cast<float>(scale);
+  const bool batched = bias.size(0) > 1;
+  const uint16_t* sp = bf16_data(scores);
+  const uint16_t* gp = kBackward ? bf16_data(g) : nullptr;
+  uint16_t* op = bf16_data_mut(out);
+  const float* bp = bias.data_ptr<float>();
+  at::parallel_for(0, R, std::max<int64_t>(1, kBlock / std::max<int64_t>(L, 1)), [&](int64_t r0, int64_t r1) {
+    std::vector<float> buf(static_cast<size_t>(2 * L));
+    float *x = buf.data(), *m = x + L;
+#if SEQREC_CPU_X86
+    if (cpu_has_avx512())
+      return softmax_rows_avx512<kBackward>(k, keep_scale, sc, sp, bp, batched, H, Lq, L, gp, op, x, m, r0, r1);
+    if (cpu_has_avx2_fma())
+      return softmax_rows_avx2<kBackward>(k, keep_scale, sc, sp, bp, batched, H, Lq, L, gp, op, x, m, r0, r1);
+#endif
+    softmax_rows<kBackward>(k, keep_scale, sc, sp, bp, batched, H, Lq, L, gp, op, x, m, r0, r1);
+  });
+}
+
+class SoftmaxDropoutBf16Fused : public torch::autograd::Function<SoftmaxDropoutBf16Fused> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& scores_in, const at::Tensor& bias_in,
+                               double scale, bool drop, double p, int64_t seed) {
+    auto scores = scores_in.contiguous(), bias = bias_in.contiguous();
+    auto out = torch::empty(scores.sizes(), scores.options());
+    const Keep keep = keep_of(p, static_cast<uint64_t>(seed));
+    softmax_pass<false>(drop ? &keep : nullptr, p, scale, scores, bias, at::Tensor(), out);
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["drop"] = drop;
+    ctx->saved_data["p"] = p;
+    ctx->saved_data["seed"] = seed;
+    ctx->save_for_backward({scores, bias});
+    return {out};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const double p = ctx->saved_data["p"].toDouble();
+    const Keep keep = keep_of(p, static_cast<uint64_t>(ctx->saved_data["seed"].toInt()));
+    auto saved = ctx->get_saved_variables();
+    auto g = grads[0].to(at::kBFloat16).contiguous();
+    auto gs = torch::empty(saved[0].sizes(), saved[0].options());
+    softmax_pass<true>(ctx->saved_data["drop"].toBool() ? &keep : nullptr, p, ctx->saved_data["scale"].toDouble(),
+                       saved[0], saved[1], g, gs);
+    return {gs, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 at::Tensor activation_dropout(const at::Tensor& a, Activation act, double p, bool training) {
@@ -459,6 +593,22 @@ at::Tensor bias_activation_dropout(const at::Tensor& y, const at::Tensor& bias, 
   const uint64_t seed = drop ? random_seed() : 0;  // the draw activation_dropout and dropout make
   return BiasActivationDropoutFused::apply(y, bias, act ? static_cast<int64_t>(*act) : int64_t{-1}, drop, p,
                                            static_cast<int64_t>(seed), out == at::kBFloat16)[0];
+}
+
+at::Tensor softmax_dropout_bf16(const at::Tensor& scores, const at::Tensor& bias, double scale, double p,
+                                bool training) {
+  TORCH_CHECK(p >= 0 && p < 1, "dropout probability must be in [0, 1), got ", p);
+  TORCH_CHECK(scores.dim() == 4 && scores.scalar_type() == at::kBFloat16 && bias.dim() == 4 &&
+                  bias.scalar_type() == at::kFloat && (bias.size(0) == 1 || bias.size(0) == scores.size(0)) &&
+                  bias.size(1) == 1 && bias.size(2) == scores.size(2) && bias.size(3) == scores.size(3),
+              "softmax_dropout_bf16 takes bfloat16 scores [B, H, Lq, L] and a float32 bias [B or 1, 1, Lq, L]; got ",
+              scores.scalar_type(), " ", scores.sizes(), " and ", bias.scalar_type(), " ", bias.sizes());
+  TORCH_CHECK(!bias.requires_grad(), "softmax_dropout_bf16's bias takes no gradient");
+  if (!scores.device().is_cpu() || !fused_kernels())
+    return softmax_dropout_bf16_reference(scores, bias, scale, p, training);
+  const bool drop = training && p > 0;
+  const uint64_t seed = drop ? random_seed() : 0;  // the draw dropout() makes
+  return SoftmaxDropoutBf16Fused::apply(scores, bias, scale, drop, p, static_cast<int64_t>(seed))[0];
 }
 
 at::Tensor dropout_mask(const at::Tensor& like, double p, uint64_t seed) {

@@ -24,4 +24,10 @@ at::Tensor bias_activation_dropout_reference(const at::Tensor& y, const at::Tens
   return (act ? activation_dropout(a, *act, p, training) : ops::dropout(a, p, training)).to(out);
 }
 
+at::Tensor softmax_dropout_bf16_reference(const at::Tensor& scores, const at::Tensor& bias, double scale, double p,
+                                          bool training) {
+  auto x = scores.to(at::kFloat).mul_(scale).add_(bias);
+  return ops::dropout(torch::softmax(x, -1), p, training).to(at::kBFloat16);
+}
+
 }  // namespace seqrec::ops

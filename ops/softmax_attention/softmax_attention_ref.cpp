@@ -51,6 +51,12 @@ at::Tensor causal_softmax_attention_biased(const at::Tensor& q, const at::Tensor
     // One GEMM call adds the mask and applies the scale: bias + scale * q k^T.
     scores = torch::baddbmm(bias.view({B, L, L}), q.reshape({B, L, D}), k.reshape({B, L, D}).transpose(1, 2), 1.0, scale)
                  .view({B, 1, L, L});
+  } else if (bf16_products(q)) {
+    // Products on bfloat16 operands: the scores stay bfloat16, and one pass per row scales,
+    // masks, normalises and drops them into the bfloat16 operand of the product with v.
+    auto s = at::matmul(product_operand(q), product_operand(k).transpose(-2, -1));
+    auto probs = ops::softmax_dropout_bf16(s, bias.to(at::kFloat), scale, dropout, training);
+    return at::matmul(probs, product_operand(v)).to(q.scalar_type());
   } else {
     scores = ops::matmul(q, k.transpose(-2, -1)).mul_(scale).add_(bias);
   }

@@ -17,6 +17,7 @@
 
 #include "ops/cpu_features.h"
 #include "ops/dropout/dropout.h"
+#include "ops/softmax_attention/softmax_attention.h"
 #include "tests/ops/op_test_util.h"
 
 namespace {
@@ -319,6 +320,68 @@ TEST(BiasActivationDropout, FusedEqualsTheComposition) {
                                      torch::kBFloat16);
     EXPECT_EQ(r.grad_fn()->name().find("BiasActivationDropoutFused"), std::string::npos) << r.grad_fn()->name();
   }
+}
+
+// SASRec's probabilities at medium against their composition (widen, scale, bias, softmax,
+// dropout, round): L 13 with padding (rows of one key, rows straddling hash words) and 1,100 (a
+// row in two pieces), per-batch and shared bias, dropping or not, 1 and 2 threads. Values and the
+// scores' gradient within bfloat16 rounding, exact zeros where masked or dropped, the same seed
+// draws; bad arguments named.
+TEST(SoftmaxDropoutBf16, FusedEqualsTheComposition) {
+  using seqrec::ops::softmax_dropout_bf16;
+  using seqrec::ops::softmax_dropout_bf16_reference;
+  const int prev = at::get_num_threads();
+  for (int threads : {1, 2})
+    for (int64_t L : {13, 1100})
+      for (bool batched : {true, false})
+        for (auto [p, training] : {std::pair{0.2, true}, std::pair{0.2, false}}) {
+          at::set_num_threads(threads);
+          torch::manual_seed(9);
+          const int64_t B = 2, H = 3;
+          auto pad = torch::zeros({B, L}, torch::kBool);
+          pad[1].narrow(0, 0, L / 3).fill_(true);
+          auto bias = seqrec::ops::causal_padding_bias(pad, torch::kFloat);
+          if (!batched) bias = bias.narrow(0, 0, 1).contiguous();
+          auto scores = (torch::randn({B, H, L, L}) * 3).to(torch::kBFloat16).requires_grad_();
+          auto gout = torch::randn({B, H, L, L}).to(torch::kBFloat16);
+          const double scale = 0.25;
+          const std::string where = "L " + std::to_string(L) + (batched ? " batched" : " shared") +
+                                    (training ? " training" : " eval") + " threads " + std::to_string(threads);
+          torch::manual_seed(21);
+          auto fused = softmax_dropout_bf16(scores, bias, scale, p, training);
+          const uint64_t next_fused = random_seed();
+          ASSERT_EQ(fused.scalar_type(), torch::kBFloat16) << where;
+          EXPECT_NE(fused.grad_fn()->name().find("SoftmaxDropoutBf16Fused"), std::string::npos) << where;
+          torch::manual_seed(21);
+          auto want = softmax_dropout_bf16_reference(scores, bias, scale, p, training);
+          EXPECT_EQ(next_fused, random_seed()) << where << ": not the composition's seed draws";
+          auto f = fused.to(torch::kFloat), w = want.to(torch::kFloat);
+          EXPECT_TRUE(torch::equal(f == 0, w == 0)) << where << ": not the same masked and dropped slots";
+          EXPECT_TRUE(((f - w).abs() <= w.abs() * 8e-3 + 1e-30).all().item<bool>())
+              << where << ": " << seqrec::testing::max_err(f, w);
+          auto g_fused = torch::autograd::grad({fused}, {scores}, {gout})[0].to(torch::kFloat);
+          auto g_want = torch::autograd::grad({want}, {scores}, {gout})[0].to(torch::kFloat);
+          EXPECT_TRUE(torch::equal(g_fused == 0, g_want == 0)) << where;
+          EXPECT_LT(seqrec::testing::max_err(g_fused, g_want), 2e-2 * g_want.abs().max().item<double>()) << where;
+          // The rows sum to 1 before dropout.
+          if (!training) EXPECT_LT((f.sum(-1) - 1).abs().max().item<double>(), L * 4e-3) << where;
+        }
+  at::set_num_threads(prev);
+
+  auto s = torch::randn({1, 1, 4, 4}).to(torch::kBFloat16);
+  auto ok_bias = torch::zeros({1, 1, 4, 4});
+  auto expect_named = [&](const std::function<void()>& f, const std::string& text) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected " << text;
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  expect_named([&] { softmax_dropout_bf16(s.to(torch::kFloat), ok_bias, 1.0, 0.1, true); }, "takes bfloat16 scores");
+  expect_named([&] { softmax_dropout_bf16(s, torch::zeros({1, 1, 4, 5}), 1.0, 0.1, true); }, "takes bfloat16 scores");
+  expect_named([&] { softmax_dropout_bf16(s, ok_bias.clone().requires_grad_(), 1.0, 0.1, true); }, "takes no gradient");
+  expect_named([&] { softmax_dropout_bf16(s, ok_bias, 1.0, 1.0, true); }, "dropout probability must be in [0, 1)");
 }
 
 }  // namespace
