@@ -463,12 +463,11 @@ __attribute__((always_inline)) inline void softmax_rows_any(const Keep* k, float
     }
     const uint16_t* __restrict__ sr = s + r * L;
     const float* __restrict__ br = bias + ((bias_batched ? r / (H * Lq) : 0) * Lq + r % Lq) * L;
+#pragma omp simd
+    for (int64_t j = 0; j < L; ++j) x[j] = from_bf16(sr[j]) * scale + br[j];
     float mx = kNegInf;
 #pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < L; ++j) {
-      x[j] = from_bf16(sr[j]) * scale + br[j];
-      mx = std::max(mx, x[j]);
-    }
+    for (int64_t j = 0; j < L; ++j) mx = x[j] > mx ? x[j] : mx;  // (std::max keeps it scalar)
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < L; ++j) {
