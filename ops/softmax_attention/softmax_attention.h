@@ -23,7 +23,9 @@ at::Tensor causal_padding_bias(const at::Tensor& key_padding, at::ScalarType dty
 at::Tensor padding_bias(const at::Tensor& key_padding, at::ScalarType dtype);
 
 // Same as above with a precomputed bias from causal_padding_bias (or padding_bias, which
-// makes the attention bidirectional).
+// makes the attention bidirectional). At --matmul_precision medium (ops/products.h) the scores
+// and probabilities stay bfloat16: ops::softmax_dropout_bf16 (ops/dropout/dropout.h) turns the
+// one into the other in a pass per row.
 at::Tensor causal_softmax_attention_biased(const at::Tensor& q, const at::Tensor& k,
                                            const at::Tensor& v, const at::Tensor& bias,
                                            double dropout, bool training);
