@@ -364,7 +364,9 @@ TEST(SoftmaxDropoutBf16, FusedEqualsTheComposition) {
           EXPECT_TRUE(torch::equal(g_fused == 0, g_want == 0)) << where;
           EXPECT_LT(seqrec::testing::max_err(g_fused, g_want), 2e-2 * g_want.abs().max().item<double>()) << where;
           // The rows sum to 1 before dropout.
-          if (!training) EXPECT_LT((f.sum(-1) - 1).abs().max().item<double>(), L * 4e-3) << where;
+          if (!training) {
+            EXPECT_LT((f.sum(-1) - 1).abs().max().item<double>(), L * 4e-3) << where;
+          }
         }
   at::set_num_threads(prev);
 
