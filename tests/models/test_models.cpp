@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <set>
+
 #include <string>
 
 #include "models/model.h"
@@ -213,6 +215,27 @@ TEST_P(ModelContract, MediumPrecisionRoundsTheProductsAndStillTrains) {
   m->set_training(true);
   auto h = m->encode(input);
   m->take_auxiliary_loss();
+  // The one-pass bfloat16 epilogues are in the graph: every backbone feed-forward layer's, and
+  // SASRec's attention probabilities'.
+  std::set<std::string> nodes;
+  std::vector<torch::autograd::Node*> todo{h.grad_fn().get()};
+  while (!todo.empty()) {
+    auto* n = todo.back();
+    todo.pop_back();
+    if (!n || !nodes.insert(n->name() + "#" + std::to_string(reinterpret_cast<uintptr_t>(n))).second) continue;
+    for (const auto& e : n->next_edges()) todo.push_back(e.function.get());
+  }
+  auto has_node = [&](const std::string& name) {
+    for (const auto& n : nodes)
+      if (n.find(name) != std::string::npos) return true;
+    return false;
+  };
+  bool feed_forward = false;
+  for (auto& [name, p] : m->named_parameters()) feed_forward |= name.find("ffn.fc1") != std::string::npos;
+  EXPECT_EQ(has_node("BiasActivationDropoutFused"), feed_forward);
+  if (GetParam().name.rfind("sasrec", 0) == 0) {
+    EXPECT_TRUE(has_node("SoftmaxDropoutBf16Fused"));
+  }
   torch::matmul(h, m->item_embeddings().t()).logsumexp(-1).sum().backward();
   for (auto& [name, p] : m->named_parameters()) {
     ASSERT_TRUE(p.grad().defined()) << name;
