@@ -222,10 +222,19 @@ class ActivationDropoutFused : public torch::autograd::Function<ActivationDropou
   }
 };
 
+// The 16-bit lanes of elements [e0, e0 + n) (n <= kPiece), for any e0: their words' hashes drawn
+// into h, and the pointer to element e0's lane (or h itself, left as it is, without k).
+constexpr int64_t kPiece = kBlock - 16;
+__attribute__((always_inline)) inline const uint16_t* lanes_of(const Keep* k, int64_t e0, int64_t n, uint16_t* h) {
+  if (!k) return h;
+  const int64_t w0 = e0 / 4, off = e0 - 4 * w0;
+  lanes(*k, w0, (off + n + 3) / 4, h);
+  return h + off;
+}
+
 // bias_activation_dropout: the epilogue of a product on bfloat16 operands. y's rows are N wide;
 // element i = r·N + c takes bias[c] and its keep bits are lane i of the same hashes as above,
 // so a row is walked in pieces of at most kPiece elements whose hashes are drawn together.
-constexpr int64_t kPiece = kBlock - 16;
 
 __attribute__((always_inline)) inline float from_bf16(uint16_t h) {
   const uint32_t u = static_cast<uint32_t>(h) << 16;
@@ -245,18 +254,19 @@ __attribute__((always_inline)) inline Out store_as(float v) {
   if constexpr (std::is_same_v<Out, uint16_t>) return to_bf16(v);
   else return v;
 }
-template <typename G>
-__attribute__((always_inline)) inline float load_as(G v) {
-  if constexpr (std::is_same_v<G, uint16_t>) return from_bf16(v);
+template <typename T>
+__attribute__((always_inline)) inline float load_as(T v) {
+  if constexpr (std::is_same_v<T, uint16_t>) return from_bf16(v);
   else return v;
 }
 
 // Rows [r0, r1) of the forward (kBackward false: out = act(y + bias)·m) or the backward (given
-// g: gy = bf16(g·m·act'(y + bias)), gbias += the same in double; ReLU's from the output o alone).
-template <Op kOp, bool kBackward, typename Out, typename G>
+// g, in the output's dtype Out: gy = bf16(g·m·act'(y + bias)), gbias += the same in double;
+// ReLU's from the output o alone).
+template <Op kOp, bool kBackward, typename Out>
 __attribute__((always_inline)) inline void epilogue_rows_any(const Keep* k, float scale, const uint16_t* __restrict__ y,
                                                              const float* __restrict__ bias, const Out* __restrict__ o,
-                                                             const G* __restrict__ g, Out* __restrict__ out,
+                                                             const Out* __restrict__ g, Out* __restrict__ out,
                                                              uint16_t* __restrict__ gy, double* __restrict__ gbias,
                                                              int64_t N, int64_t r0, int64_t r1) {
   alignas(64) uint16_t h[kBlock];
@@ -265,9 +275,8 @@ __attribute__((always_inline)) inline void epilogue_rows_any(const Keep* k, floa
   constexpr bool kHashes = !(kBackward && kOp == Op::kRelu);
   for (int64_t r = r0; r < r1; ++r)
     for (int64_t c0 = 0; c0 < N; c0 += kPiece) {
-      const int64_t n = std::min(kPiece, N - c0), s = r * N + c0, w0 = s / 4, off = s - 4 * w0;
-      if (kHashes && k) lanes(*k, w0, (off + n + 3) / 4, h);
-      const uint16_t* __restrict__ hp = h + off;
+      const int64_t n = std::min(kPiece, N - c0), s = r * N + c0;
+      const uint16_t* __restrict__ hp = kHashes ? lanes_of(k, s, n, h) : h;
       const float* __restrict__ b = bias + c0;
       if constexpr (!kBackward) {
         Out* __restrict__ dst = out + s;
@@ -292,7 +301,7 @@ __attribute__((always_inline)) inline void epilogue_rows_any(const Keep* k, floa
         double* __restrict__ gb = gbias + c0;
 #pragma omp simd
         for (int64_t j = 0; j < n; ++j) {
-          const float gj = load_as<G>(g[s + j]);
+          const float gj = load_as<Out>(g[s + j]);
           float v;
           if constexpr (kOp == Op::kRelu) {
             v = load_as<Out>(o[s + j]) > 0.0f ? gj * scale : 0.0f;
@@ -314,53 +323,62 @@ __attribute__((always_inline)) inline void epilogue_rows_any(const Keep* k, floa
     }
 }
 
-template <Op kOp, bool kBackward, typename Out, typename G>
-void epilogue_rows(const Keep* k, float scale, const uint16_t* y, const float* bias, const Out* o, const G* g, Out* out,
-                   uint16_t* gy, double* gbias, int64_t N, int64_t r0, int64_t r1) {
-  epilogue_rows_any<kOp, kBackward, Out, G>(k, scale, y, bias, o, g, out, gy, gbias, N, r0, r1);
+template <Op kOp, bool kBackward, typename Out>
+void epilogue_rows(const Keep* k, float scale, const uint16_t* y, const float* bias, const Out* o, const Out* g,
+                   Out* out, uint16_t* gy, double* gbias, int64_t N, int64_t r0, int64_t r1) {
+  epilogue_rows_any<kOp, kBackward, Out>(k, scale, y, bias, o, g, out, gy, gbias, N, r0, r1);
 }
 #if SEQREC_CPU_X86
-template <Op kOp, bool kBackward, typename Out, typename G>
+template <Op kOp, bool kBackward, typename Out>
 SEQREC_CPU_AVX2 void epilogue_rows_avx2(const Keep* k, float scale, const uint16_t* y, const float* bias, const Out* o,
-                                        const G* g, Out* out, uint16_t* gy, double* gbias, int64_t N, int64_t r0,
+                                        const Out* g, Out* out, uint16_t* gy, double* gbias, int64_t N, int64_t r0,
                                         int64_t r1) {
-  epilogue_rows_any<kOp, kBackward, Out, G>(k, scale, y, bias, o, g, out, gy, gbias, N, r0, r1);
+  epilogue_rows_any<kOp, kBackward, Out>(k, scale, y, bias, o, g, out, gy, gbias, N, r0, r1);
 }
-template <Op kOp, bool kBackward, typename Out, typename G>
+template <Op kOp, bool kBackward, typename Out>
 SEQREC_CPU_AVX512 void epilogue_rows_avx512(const Keep* k, float scale, const uint16_t* y, const float* bias,
-                                            const Out* o, const G* g, Out* out, uint16_t* gy, double* gbias, int64_t N,
-                                            int64_t r0, int64_t r1) {
-  epilogue_rows_any<kOp, kBackward, Out, G>(k, scale, y, bias, o, g, out, gy, gbias, N, r0, r1);
+                                            const Out* o, const Out* g, Out* out, uint16_t* gy, double* gbias,
+                                            int64_t N, int64_t r0, int64_t r1) {
+  epilogue_rows_any<kOp, kBackward, Out>(k, scale, y, bias, o, g, out, gy, gbias, N, r0, r1);
 }
 #endif
 
 // All R rows of N, across threads; in the backward each thread sums the bias's gradient into its
 // own row of partial sums, added up at the end.
-template <Op kOp, bool kBackward, typename Out, typename G>
-void epilogue_pass(const Keep* k, double p, const uint16_t* y, const float* bias, const Out* o, const G* g, Out* out,
+template <Op kOp, bool kBackward, typename Out>
+void epilogue_pass(const Keep* k, double p, const uint16_t* y, const float* bias, const Out* o, const Out* g, Out* out,
                    uint16_t* gy, double* partials, int64_t R, int64_t N) {
   const float scale = k ? static_cast<float>(1.0 / (1.0 - p)) : 1.0f;
   at::parallel_for(0, R, std::max<int64_t>(1, kBlock / std::max<int64_t>(N, 1)), [&](int64_t r0, int64_t r1) {
     double* gb = kBackward ? partials + at::get_thread_num() * N : nullptr;
 #if SEQREC_CPU_X86
     if (cpu_has_avx512())
-      return epilogue_rows_avx512<kOp, kBackward, Out, G>(k, scale, y, bias, o, g, out, gy, gb, N, r0, r1);
+      return epilogue_rows_avx512<kOp, kBackward, Out>(k, scale, y, bias, o, g, out, gy, gb, N, r0, r1);
     if (cpu_has_avx2_fma())
-      return epilogue_rows_avx2<kOp, kBackward, Out, G>(k, scale, y, bias, o, g, out, gy, gb, N, r0, r1);
+      return epilogue_rows_avx2<kOp, kBackward, Out>(k, scale, y, bias, o, g, out, gy, gb, N, r0, r1);
 #endif
-    epilogue_rows<kOp, kBackward, Out, G>(k, scale, y, bias, o, g, out, gy, gb, N, r0, r1);
+    epilogue_rows<kOp, kBackward, Out>(k, scale, y, bias, o, g, out, gy, gb, N, r0, r1);
   });
 }
 
 const uint16_t* bf16_data(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); }
 uint16_t* bf16_data_mut(const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
 
-// Calls f(std::integral_constant<Op, ...>) for the epilogue's activation code (-1: none).
+// A float32 or bfloat16 (as its bits) tensor's data.
+template <typename T>
+T* data_as(const at::Tensor& t) {
+  if constexpr (std::is_same_v<T, uint16_t>) return bf16_data_mut(t);
+  else return t.data_ptr<float>();
+}
+
+// Calls f(std::integral_constant<Op, ...>, Out{}) for the epilogue's activation code (-1: none)
+// and its result's type (uint16_t: bfloat16's bits; float).
 template <typename F>
-void with_op(int64_t act, F&& f) {
-  if (act < 0) return f(std::integral_constant<Op, Op::kScale>{});
-  if (static_cast<Activation>(act) == Activation::kGelu) return f(std::integral_constant<Op, Op::kGelu>{});
-  f(std::integral_constant<Op, Op::kRelu>{});
+void with_op_and_out(int64_t act, bool out_bf16, F&& f) {
+  auto with_out = [&](auto op) { return out_bf16 ? f(op, uint16_t{}) : f(op, float{}); };
+  if (act < 0) return with_out(std::integral_constant<Op, Op::kScale>{});
+  if (static_cast<Activation>(act) == Activation::kGelu) return with_out(std::integral_constant<Op, Op::kGelu>{});
+  with_out(std::integral_constant<Op, Op::kRelu>{});
 }
 
 class BiasActivationDropoutFused : public torch::autograd::Function<BiasActivationDropoutFused> {
@@ -373,16 +391,13 @@ class BiasActivationDropoutFused : public torch::autograd::Function<BiasActivati
     auto out = torch::empty(y.sizes(), y.options().dtype(out_bf16 ? at::kBFloat16 : at::kFloat));
     const Keep keep = keep_of(p, static_cast<uint64_t>(seed));
     const Keep* k = drop ? &keep : nullptr;
-    with_op(act, [&](auto op) {
-      constexpr Op kOp = decltype(op)::value;
-      if (out_bf16)
-        epilogue_pass<kOp, false, uint16_t, float>(k, p, bf16_data(y), bias.data_ptr<float>(), nullptr, nullptr,
-                                                   bf16_data_mut(out), nullptr, nullptr, R, N);
-      else
-        epilogue_pass<kOp, false, float, float>(k, p, bf16_data(y), bias.data_ptr<float>(), nullptr, nullptr,
-                                                out.data_ptr<float>(), nullptr, nullptr, R, N);
+    with_op_and_out(act, out_bf16, [&](auto op, auto out_type) {
+      using Out = decltype(out_type);
+      epilogue_pass<decltype(op)::value, false, Out>(k, p, bf16_data(y), bias.data_ptr<float>(), nullptr, nullptr,
+                                                     data_as<Out>(out), nullptr, nullptr, R, N);
     });
     ctx->saved_data["act"] = act;
+    ctx->saved_data["out_bf16"] = out_bf16;
     ctx->saved_data["drop"] = drop;
     ctx->saved_data["p"] = p;
     ctx->saved_data["seed"] = seed;
@@ -401,36 +416,17 @@ class BiasActivationDropoutFused : public torch::autograd::Function<BiasActivati
     const Keep* k = drop ? &keep : nullptr;
     auto saved = ctx->get_saved_variables();
     const auto &y = saved[0], &bias = saved[1], &o = saved[2];
-    auto g = grads[0].contiguous();  // shaped as y
+    const bool out_bf16 = ctx->saved_data["out_bf16"].toBool();
+    auto g = grads[0].to(out_bf16 ? at::kBFloat16 : at::kFloat).contiguous();  // shaped as y
     const int64_t N = bias.size(0), R = N > 0 ? g.numel() / N : 0;
     auto gy = torch::empty(g.sizes(), g.options().dtype(at::kBFloat16));
     auto partials = torch::zeros({at::get_num_threads(), N}, bias.options().dtype(at::kDouble));
     const uint16_t* yp = y.defined() ? bf16_data(y) : nullptr;
-    const float* bp = bias.data_ptr<float>();
-    double* pp = partials.data_ptr<double>();
-    with_op(act, [&](auto op) {
-      constexpr Op kOp = decltype(op)::value;
-      // Out: the output's dtype (ReLU reads the saved output); G: the gradient's.
-      auto run = [&](auto out_tag, auto g_tag) {
-        using Out = decltype(out_tag);
-        using G = decltype(g_tag);
-        const Out* op_ = nullptr;
-        if (o.defined()) {
-          if constexpr (std::is_same_v<Out, uint16_t>) op_ = bf16_data(o);
-          else op_ = o.template data_ptr<float>();
-        }
-        const G* gp;
-        if constexpr (std::is_same_v<G, uint16_t>) gp = bf16_data(g);
-        else gp = g.template data_ptr<float>();
-        epilogue_pass<kOp, true, Out, G>(k, p, yp, bp, op_, gp, nullptr, bf16_data_mut(gy), pp, R, N);
-      };
-      if (g.scalar_type() == at::kBFloat16) {
-        if (o.defined() && o.scalar_type() == at::kFloat) run(float{}, uint16_t{});
-        else run(uint16_t{}, uint16_t{});
-      } else {
-        if (o.defined() && o.scalar_type() == at::kBFloat16) run(uint16_t{}, float{});
-        else run(float{}, float{});
-      }
+    with_op_and_out(act, out_bf16, [&](auto op, auto out_type) {
+      using Out = decltype(out_type);
+      epilogue_pass<decltype(op)::value, true, Out>(k, p, yp, bias.data_ptr<float>(),
+                                                    o.defined() ? data_as<Out>(o) : nullptr, data_as<Out>(g), nullptr,
+                                                    bf16_data_mut(gy), partials.data_ptr<double>(), R, N);
     });
     return {gy, partials.sum(0).to(at::kFloat), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -455,9 +451,8 @@ __attribute__((always_inline)) inline void softmax_rows_any(const Keep* k, float
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t c0 = 0; c0 < L; c0 += kPiece) {
-      const int64_t n = std::min(kPiece, L - c0), e0 = r * L + c0, w0 = e0 / 4, off = e0 - 4 * w0;
-      if (k) lanes(*k, w0, (off + n + 3) / 4, h);
-      const uint16_t* __restrict__ hp = h + off;
+      const int64_t n = std::min(kPiece, L - c0);
+      const uint16_t* __restrict__ hp = lanes_of(k, r * L + c0, n, h);
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) m[c0 + j] = static_cast<uint32_t>(hp[j]) >= th ? keep_scale : 0.0f;
     }
@@ -587,7 +582,8 @@ at::Tensor bias_activation_dropout(const at::Tensor& y, const at::Tensor& bias, 
               y.scalar_type(), " ", y.sizes(), " and ", bias.scalar_type(), " ", bias.sizes());
   TORCH_CHECK(out == at::kBFloat16 || out == at::kFloat, "bias_activation_dropout returns bfloat16 or float32, not ",
               out);
-  if (!y.device().is_cpu() || !fused_kernels()) return bias_activation_dropout_reference(y, bias, act, p, training, out);
+  if (!y.device().is_cpu() || !fused_kernels())
+    return bias_activation_dropout_reference(y, bias, act, p, training, out);
   const bool drop = training && p > 0;
   const uint64_t seed = drop ? random_seed() : 0;  // the draw activation_dropout and dropout make
   return BiasActivationDropoutFused::apply(y, bias, act ? static_cast<int64_t>(*act) : int64_t{-1}, drop, p,
