@@ -341,6 +341,13 @@ LastSlotProjection project_for_last_slot(const torch::nn::Linear& qkv, const at:
           ops::linear(x, w.narrow(0, D, 2 * D), b.narrow(0, D, 2 * D))};
 }
 
+LastSlotProducts last_slot_products_bf16(const torch::nn::Linear& qkv, const at::Tensor& x) {
+  const int64_t L = x.size(1), D = x.size(2);
+  const auto &w = qkv->weight, &b = qkv->bias;
+  return {ops::product_bf16(x.select(1, L - 1), w.narrow(0, 0, D)), b.narrow(0, 0, D),
+          ops::product_bf16(x, w.narrow(0, D, 2 * D)), b.narrow(0, D, 2 * D)};
+}
+
 std::unique_ptr<SequenceModel> make_backbone_model(const ModelOptions& options, BackboneSpec spec) {
   TORCH_CHECK(spec.attention, "backbone needs an attention factory");
   return std::make_unique<BackboneModel>(options, spec);

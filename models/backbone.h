@@ -47,6 +47,14 @@ struct LastSlotProjection {
 };
 LastSlotProjection project_for_last_slot(const torch::nn::Linear& qkv, const at::Tensor& x);
 
+// The same two products where ops::bf16_products(x) holds, in bfloat16 before their biases
+// (ops::product_bf16), with the biases [D] and [2·D] beside them: for an attention op that adds
+// them as it reads the products.
+struct LastSlotProducts {
+  at::Tensor query, query_bias, keys_values, keys_values_bias;
+};
+LastSlotProducts last_slot_products_bf16(const torch::nn::Linear& qkv, const at::Tensor& x);
+
 // A Linear layer applied to x in the run's `--matmul_precision` (ops/products.h): the models'
 // layers call this, not the layer's forward.
 at::Tensor apply_linear(const torch::nn::Linear& layer, const at::Tensor& x);

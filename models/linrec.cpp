@@ -7,6 +7,7 @@
 
 #include "models/backbone.h"
 #include "ops/linear_attention/linear_attention.h"
+#include "ops/products.h"
 
 namespace seqrec::models {
 namespace {
@@ -25,12 +26,20 @@ class LinrecAttentionImpl : public AttentionModuleImpl {
   // The last slot sees every real key in either form: the global form gives it without the
   // per-chunk prefix work, and only its own query is projected and normalised.
   at::Tensor forward_last(const at::Tensor& x, AttentionContext& ctx) override {
+    if (ops::bf16_products(x)) {
+      auto p = last_slot_products_bf16(qkv_, x);
+      return apply_linear(out_, ops::linrec_attention_last_bf16(p.query, p.query_bias, p.keys_values,
+                                                                p.keys_values_bias, heads_, ctx.key_padding, norm_));
+    }
     auto p = project_for_last_slot(qkv_, x);
     return apply_linear(out_, ops::linrec_attention_last(p.query, p.keys_values, heads_, ctx.key_padding, norm_));
   }
 
  private:
   at::Tensor attend(const at::Tensor& x, AttentionContext& ctx, ops::LinrecForm form) {
+    if (ops::bf16_products(x))  // bfloat16 from the projection's product to the output projection's
+      return apply_linear(out_, ops::linrec_attention_packed_bf16(ops::product_bf16(x, qkv_->weight), qkv_->bias,
+                                                                  heads_, ctx.key_padding, norm_, form));
     return apply_linear(out_, ops::linrec_attention_packed(apply_linear(qkv_, x), heads_, ctx.key_padding, norm_, form));
   }
 

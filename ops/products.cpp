@@ -16,7 +16,8 @@ bool bf16_products(const at::Tensor& t) {
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  if (!bf16_products(x)) return at::linear(x, weight, bias);
+  const bool bf16_input = x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kFloat;
+  if (!bf16_products(x) && !bf16_input) return at::linear(x, weight, bias);
   auto y = product_bf16(x, weight);
   // Widened first, then the bias added in place: LibTorch 1.13's add of a bfloat16 and a float32
   // tensor takes its slow mixed-dtype path, 20-25x the time of the cast and the float add together

@@ -15,7 +15,9 @@ namespace seqrec::ops {
 // "medium" and `t` is float32.
 bool bf16_products(const at::Tensor& t);
 
-// x·weightᵀ + bias, as at::linear (bias may be undefined).
+// x·weightᵀ + bias, as at::linear (bias may be undefined). A bfloat16 x beside a float32 weight
+// (an op's output already rounded for this product) takes the bfloat16 product at any precision
+// and returns float32.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 
 // x·weightᵀ on bfloat16 operands, returned in bfloat16 without a bias: for a layer whose bias,

@@ -18,6 +18,7 @@
 #include <vector>
 #include <type_traits>
 
+#include "ops/bf16_bits.h"
 #include "ops/cpu_features.h"
 #include "ops/dropout/dropout.h"
 #include "ops/exp_nonpositive.h"
@@ -236,19 +237,6 @@ __attribute__((always_inline)) inline const uint16_t* lanes_of(const Keep* k, in
 // element i = r·N + c takes bias[c] and its keep bits are lane i of the same hashes as above,
 // so a row is walked in pieces of at most kPiece elements whose hashes are drawn together.
 
-__attribute__((always_inline)) inline float from_bf16(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-// Round to nearest even, NaN to the quiet NaN: c10::BFloat16's rounding (a cast's).
-__attribute__((always_inline)) inline uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  return f != f ? uint16_t{0x7FC0} : static_cast<uint16_t>(rounded);
-}
 template <typename Out>
 __attribute__((always_inline)) inline Out store_as(float v) {
   if constexpr (std::is_same_v<Out, uint16_t>) return to_bf16(v);

@@ -80,6 +80,22 @@ at::Tensor linrec_attention_packed(const at::Tensor& qkv, int64_t heads, const a
 at::Tensor linrec_attention_last(const at::Tensor& q, const at::Tensor& kv, int64_t heads,
                                  const at::Tensor& key_padding, LinrecNorm norm);
 
+// `--matmul_precision medium`'s forms of the two entries above: each projection as
+// ops::product_bf16 returns it, a bfloat16 product before its float32 bias, and the output in
+// bfloat16, as the output projection's product takes it. packed: product [B, L, 3·D], bias
+// [3·D] -> [B, L, D]; last: the last slot's query product [B, D] and bias [D], every slot's keys'
+// and values' product [B, L, 2·D] and bias [2·D] -> [B, D]. Each equals, values and gradients, the
+// float32 entry on product.to(float) + bias with its result rounded to bfloat16. On the CPU with
+// the paper's normalisation in the global form the fused kernel runs, each sequence's rows
+// widened and biased as a pass reads them and rounded as it writes them (the same float32
+// arithmetic, so the same bits; the biases' gradients summed in double, per sequence in order);
+// every other case runs that composition.
+at::Tensor linrec_attention_packed_bf16(const at::Tensor& product, const at::Tensor& bias, int64_t heads,
+                                        const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form);
+at::Tensor linrec_attention_last_bf16(const at::Tensor& q, const at::Tensor& q_bias, const at::Tensor& kv,
+                                      const at::Tensor& kv_bias, int64_t heads, const at::Tensor& key_padding,
+                                      LinrecNorm norm);
+
 // The ATen composition of the same op (ELU, the norms, the scale, then causal_linear_attention
 // or global_linear_attention), differentiated by autograd: what the fused kernel is tested
 // against, and what runs on other devices. In the global form q may hold fewer rows than k
@@ -91,11 +107,15 @@ at::Tensor linrec_attention_reference(const at::Tensor& q, const at::Tensor& k, 
 // kernels on, q on the CPU, float or double.
 bool cpu_kernel_takes(const at::Tensor& q);
 
-// The fused LinRec kernel's three entries (linrec_fused.cpp), for the three above: no argument checks.
+// The fused LinRec kernel's entries (linrec_fused.cpp), for the ones above: no argument checks.
 at::Tensor linrec_global_paper_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const at::Tensor& key_padding);
 at::Tensor linrec_global_paper_packed(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_padding);
 at::Tensor linrec_global_paper_last(const at::Tensor& q, const at::Tensor& kv, int64_t heads,
                                     const at::Tensor& key_padding);
+at::Tensor linrec_global_paper_packed_bf16(const at::Tensor& product, const at::Tensor& bias, int64_t heads,
+                                          const at::Tensor& key_padding);
+at::Tensor linrec_global_paper_last_bf16(const at::Tensor& q, const at::Tensor& q_bias, const at::Tensor& kv,
+                                         const at::Tensor& kv_bias, int64_t heads, const at::Tensor& key_padding);
 
 }  // namespace seqrec::ops

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "ops/kernels.h"
 #include "ops/op_checks.h"
 
 namespace seqrec::ops {
@@ -129,6 +130,57 @@ at::Tensor linrec_attention_last(const at::Tensor& q, const at::Tensor& kv, int6
   auto split = kv.reshape({B, L, 2, heads, D / heads}).permute({2, 0, 3, 1, 4});  // 2 x [B, H, L, D / H]
   auto qh = q.reshape({B, heads, 1, D / heads});
   return linrec_attention_reference(qh, split[0], split[1], key_padding, norm, LinrecForm::kGlobal).reshape({B, D});
+}
+
+namespace {
+
+// A bfloat16 product and its float32 bias as the float32 entries take them: widened, then the
+// bias added in place (as ops::linear does).
+at::Tensor biased(const at::Tensor& product, const at::Tensor& bias) {
+  return product.to(at::kFloat).add_(bias);
+}
+
+void check_product_and_bias(const at::Tensor& product, const at::Tensor& bias, const char* name) {
+  TORCH_CHECK(product.scalar_type() == at::kBFloat16 && bias.scalar_type() == at::kFloat && bias.dim() == 1 &&
+                  bias.size(0) == product.size(-1) && bias.device() == product.device(),
+              "the bfloat16 LinRec entries take a bfloat16 product and a float32 bias as wide as its rows; got ", name,
+              " ", product.scalar_type(), " ", product.sizes(), " with bias ", bias.scalar_type(), " ", bias.sizes());
+}
+
+bool fused_bf16_takes(const at::Tensor& product) {
+  return fused_kernels() && product.device().is_cpu() && product.numel() > 0;
+}
+
+}  // namespace
+
+at::Tensor linrec_attention_packed_bf16(const at::Tensor& product, const at::Tensor& bias, int64_t heads,
+                                        const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form) {
+  check_product_and_bias(product, bias, "product");
+  TORCH_CHECK(product.dim() == 3 && product.size(2) % 3 == 0, "product must be [B, L, 3·D]; got ", product.sizes());
+  const int64_t D = product.size(2) / 3;
+  TORCH_CHECK(heads > 0 && D % heads == 0, "the width ", D, " must split into heads; got heads = ", heads);
+  if (norm == LinrecNorm::kPaper && form == LinrecForm::kGlobal && fused_bf16_takes(product)) {
+    detail::check_key_padding(key_padding, product.size(0), product.size(1));
+    return linrec_global_paper_packed_bf16(product, bias, heads, key_padding);
+  }
+  return linrec_attention_packed(biased(product, bias), heads, key_padding, norm, form).to(at::kBFloat16);
+}
+
+at::Tensor linrec_attention_last_bf16(const at::Tensor& q, const at::Tensor& q_bias, const at::Tensor& kv,
+                                      const at::Tensor& kv_bias, int64_t heads, const at::Tensor& key_padding,
+                                      LinrecNorm norm) {
+  check_product_and_bias(q, q_bias, "q");
+  check_product_and_bias(kv, kv_bias, "kv");
+  TORCH_CHECK(q.dim() == 2 && kv.dim() == 3 && kv.size(0) == q.size(0) && kv.size(2) == 2 * q.size(1) &&
+                  q.device() == kv.device(),
+              "linrec_attention_last_bf16 takes q [B, D] and kv [B, L, 2·D]; got q ", q.sizes(), " kv ", kv.sizes());
+  const int64_t D = q.size(1);
+  TORCH_CHECK(heads > 0 && D % heads == 0, "the width ", D, " must split into heads; got heads = ", heads);
+  if (norm == LinrecNorm::kPaper && fused_bf16_takes(kv)) {
+    detail::check_key_padding(key_padding, kv.size(0), kv.size(1));
+    return linrec_global_paper_last_bf16(q, q_bias, kv, kv_bias, heads, key_padding);
+  }
+  return linrec_attention_last(biased(q, q_bias), biased(kv, kv_bias), heads, key_padding, norm).to(at::kBFloat16);
 }
 
 at::Tensor linrec_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

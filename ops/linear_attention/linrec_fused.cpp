@@ -38,6 +38,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ops/bf16_bits.h"
 #include "ops/cpu_features.h"
 #include "ops/exp_nonpositive.h"
 #include "ops/linear_attention/row_sums.h"
@@ -541,6 +542,190 @@ void launch_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   });
 }
 
+// The bfloat16 entries (`--matmul_precision medium`): the queries' projection and the keys' and
+// values' arrive as bfloat16 products (ops::product_bf16) with their float32 biases, and the
+// output leaves in bfloat16 for the output projection's product. Each sequence's rows are widened
+// and biased into per-thread float blocks as its pass starts, the float kernels above run on those
+// blocks, and what the pass writes is rounded to bfloat16 as it leaves them, so only the bfloat16
+// tensors cross memory. The values are the composition's bit for bit (product.to(float) + bias,
+// the float op, its result rounded), the biases' gradients summed in double sequence by sequence
+// (so the same for any thread count).
+
+// A [B, R, W] bfloat16 tensor's rows, unit stride along W: sequence b's row t at p + b·sb + t·st.
+template <typename P>
+struct Bf16Rows {
+  P* p;
+  int64_t sb, st;
+  P* row(int64_t b, int64_t t) const { return p + b * sb + t * st; }
+};
+template <typename P>
+Bf16Rows<P> bf16_rows(const at::Tensor& t, int64_t col = 0) {
+  auto* base = reinterpret_cast<P*>(t.data_ptr<at::BFloat16>()) + col;
+  return t.dim() == 2 ? Bf16Rows<P>{base, t.stride(0), 0} : Bf16Rows<P>{base, t.stride(0), t.stride(1)};
+}
+
+// One call's operands: Lq query rows of H·W, L rows of keys then values (2·H·W), their biases
+// (null: none, as for an output's gradient), the padding, and the kernels' S and c.
+struct Staged {
+  Bf16Rows<const uint16_t> q, kv;
+  const float *q_bias, *kv_bias;
+  const bool* pad;
+  int64_t B, H, W, L, Lq;
+  float *S, *c;
+};
+
+// Rows [0, n) of sequence b, W wide, into buf [n x W] as float, plus bias.
+__attribute__((always_inline)) inline void widen_rows(Bf16Rows<const uint16_t> src, int64_t b, int64_t n, int64_t W,
+                                                      const float* __restrict__ bias, float* __restrict__ buf) {
+  for (int64_t t = 0; t < n; ++t) {
+    const uint16_t* __restrict__ x = src.row(b, t);
+    float* __restrict__ y = buf + t * W;
+    if (bias) {
+#pragma omp simd
+      for (int64_t i = 0; i < W; ++i) y[i] = from_bf16(x[i]) + bias[i];
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < W; ++i) y[i] = from_bf16(x[i]);
+    }
+  }
+}
+
+// buf [n x W] rounded into rows [0, n) of sequence b; with sums, each column's sum (in double)
+// goes to sums[i].
+__attribute__((always_inline)) inline void narrow_rows(const float* __restrict__ buf, int64_t n, int64_t W,
+                                                       Bf16Rows<uint16_t> dst, int64_t b, double* __restrict__ sums) {
+  if (sums) std::fill(sums, sums + W, 0.0);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* __restrict__ x = buf + t * W;
+    uint16_t* __restrict__ y = dst.row(b, t);
+#pragma omp simd
+    for (int64_t i = 0; i < W; ++i) y[i] = to_bf16(x[i]);
+    if (sums) {
+#pragma omp simd
+      for (int64_t i = 0; i < W; ++i) sums[i] += x[i];
+    }
+  }
+}
+
+// The float kernels' arguments on one sequence's staged blocks (q [Lq x H·W], kv [L x 2·H·W]):
+// their views ignore b (sb = 0), the padding row is still found by b.
+inline Args<float> staged_args(const Staged& s, const float* q, const float* kv) {
+  const int64_t HW = s.H * s.W;
+  return {{q, 0, s.W, HW}, {kv, 0, s.W, 2 * HW}, {kv + HW, 0, s.W, 2 * HW}, s.pad, s.B, s.H, s.L, s.W, s.W, s.Lq};
+}
+
+template <int kW>
+__attribute__((always_inline)) inline void staged_forward_any(const Staged& s, Bf16Rows<uint16_t> out, int64_t begin,
+                                                              int64_t end) {
+  const int64_t H = s.H, W = s.W, HW = H * W;
+  std::vector<float> q(s.Lq * HW), kv(s.L * 2 * HW), o(s.Lq * HW), scratch(scratch_elements(H, W, W));
+  std::vector<const float*> ptrs(2 * H * kGroup);
+  std::vector<float*> outs(H * kGroup);
+  for (int64_t b = begin; b < end; ++b) {
+    widen_rows(s.q, b, s.Lq, HW, s.q_bias, q.data());
+    widen_rows(s.kv, b, s.L, 2 * HW, s.kv_bias, kv.data());
+    forward_seq<float, kW, kW>(staged_args(s, q.data(), kv.data()), b, View<float>{o.data(), 0, W, HW},
+                               s.S + b * H * W * W, s.c + b * H * W, scratch.data(), ptrs.data(), outs.data());
+    narrow_rows(o.data(), s.Lq, HW, out, b, nullptr);
+  }
+}
+
+// gq and gkv as the inputs' rows; sums [B x 3·H·W]: sequence b's column sums of its query
+// gradient, then of its keys' and values'.
+template <int kW>
+__attribute__((always_inline)) inline void staged_backward_any(const Staged& s, Bf16Rows<const uint16_t> g,
+                                                               Bf16Rows<uint16_t> gq, Bf16Rows<uint16_t> gkv,
+                                                               double* sums, int64_t begin, int64_t end) {
+  const int64_t H = s.H, W = s.W, HW = H * W;
+  std::vector<float> q(s.Lq * HW), kv(s.L * 2 * HW), go(s.Lq * HW), gqb(s.Lq * HW), gkvb(s.L * 2 * HW),
+      scratch(scratch_elements(H, W, W));
+  std::vector<const float*> cptrs(3 * H * kGroup);
+  std::vector<float*> mptrs(3 * H * kGroup);
+  std::vector<QueryRow<float>> qrows(H * kGroup);
+  for (int64_t b = begin; b < end; ++b) {
+    widen_rows(s.q, b, s.Lq, HW, s.q_bias, q.data());
+    widen_rows(s.kv, b, s.L, 2 * HW, s.kv_bias, kv.data());
+    widen_rows(g, b, s.Lq, HW, nullptr, go.data());
+    backward_seq<float, kW, kW>(staged_args(s, q.data(), kv.data()), b, View<const float>{go.data(), 0, W, HW},
+                                s.S + b * H * W * W, s.c + b * H * W, View<float>{gqb.data(), 0, W, HW},
+                                View<float>{gkvb.data(), 0, W, 2 * HW}, View<float>{gkvb.data() + HW, 0, W, 2 * HW},
+                                scratch.data(), cptrs.data(), mptrs.data(), qrows.data());
+    double* sb = sums + b * 3 * HW;
+    narrow_rows(gqb.data(), s.Lq, HW, gq, b, sb);
+    narrow_rows(gkvb.data(), s.L, 2 * HW, gkv, b, sb + HW);
+  }
+}
+
+template <int kW>
+void staged_forward(const Staged& s, Bf16Rows<uint16_t> out, int64_t begin, int64_t end) {
+  staged_forward_any<kW>(s, out, begin, end);
+}
+template <int kW>
+void staged_backward(const Staged& s, Bf16Rows<const uint16_t> g, Bf16Rows<uint16_t> gq, Bf16Rows<uint16_t> gkv,
+                     double* sums, int64_t begin, int64_t end) {
+  staged_backward_any<kW>(s, g, gq, gkv, sums, begin, end);
+}
+#if SEQREC_CPU_X86
+template <int kW>
+SEQREC_CPU_AVX2 void staged_forward_avx2(const Staged& s, Bf16Rows<uint16_t> out, int64_t begin, int64_t end) {
+  staged_forward_any<kW>(s, out, begin, end);
+}
+template <int kW>
+SEQREC_CPU_AVX2 void staged_backward_avx2(const Staged& s, Bf16Rows<const uint16_t> g, Bf16Rows<uint16_t> gq,
+                                          Bf16Rows<uint16_t> gkv, double* sums, int64_t begin, int64_t end) {
+  staged_backward_any<kW>(s, g, gq, gkv, sums, begin, end);
+}
+template <int kW>
+SEQREC_CPU_AVX512 void staged_forward_avx512(const Staged& s, Bf16Rows<uint16_t> out, int64_t begin, int64_t end) {
+  staged_forward_any<kW>(s, out, begin, end);
+}
+template <int kW>
+SEQREC_CPU_AVX512 void staged_backward_avx512(const Staged& s, Bf16Rows<const uint16_t> g, Bf16Rows<uint16_t> gq,
+                                              Bf16Rows<uint16_t> gkv, double* sums, int64_t begin, int64_t end) {
+  staged_backward_any<kW>(s, g, gq, gkv, sums, begin, end);
+}
+#endif
+
+void launch_staged_forward(const Staged& s, Bf16Rows<uint16_t> out) {
+  with_width(s.W, s.W, [&](auto width) {
+    constexpr int W = decltype(width)::value;
+    at::parallel_for(0, s.B, 1, [&](int64_t begin, int64_t end) {
+#if SEQREC_CPU_X86
+      if constexpr (W == 16)
+        if (cpu_has_avx512()) return staged_forward_avx512<W>(s, out, begin, end);
+      if (cpu_has_avx2_fma()) return staged_forward_avx2<W>(s, out, begin, end);
+#endif
+      staged_forward<W>(s, out, begin, end);
+    });
+  });
+}
+
+// Returns the biases' gradient [3·H·W] (queries', then keys' and values'), summed over the
+// sequences in order.
+at::Tensor launch_staged_backward(const Staged& s, Bf16Rows<const uint16_t> g, Bf16Rows<uint16_t> gq,
+                                  Bf16Rows<uint16_t> gkv) {
+  auto sums = torch::empty({s.B, 3 * s.H * s.W}, torch::kFloat64);
+  double* sp = sums.data_ptr<double>();
+  with_width(s.W, s.W, [&](auto width) {
+    constexpr int W = decltype(width)::value;
+    at::parallel_for(0, s.B, 1, [&](int64_t begin, int64_t end) {
+#if SEQREC_CPU_X86
+      if constexpr (W == 16)
+        if (cpu_has_avx512()) return staged_backward_avx512<W>(s, g, gq, gkv, sp, begin, end);
+      if (cpu_has_avx2_fma()) return staged_backward_avx2<W>(s, g, gq, gkv, sp, begin, end);
+#endif
+      staged_backward<W>(s, g, gq, gkv, sp, begin, end);
+    });
+  });
+  const int64_t N = 3 * s.H * s.W;
+  std::vector<double> total(N, 0.0);
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t i = 0; i < N; ++i) total[i] += sp[b * N + i];
+  auto out = torch::empty({N}, torch::kFloat);
+  std::copy(total.begin(), total.end(), out.data_ptr<float>());
+  return out;
+}
+
 // q, k, v as separate [B, H, L, *] tensors.
 class LinrecGlobalPaperFused : public torch::autograd::Function<LinrecGlobalPaperFused> {
  public:
@@ -629,6 +814,88 @@ class LinrecGlobalPaperLast : public torch::autograd::Function<LinrecGlobalPaper
   }
 };
 
+// The packed bfloat16 product [B, L, 3·D] of the queries', keys' and values' projection, before
+// its bias [3·D]; output [B, L, D] in bfloat16.
+class LinrecGlobalPaperPackedBf16 : public torch::autograd::Function<LinrecGlobalPaperPackedBf16> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& product_in, const at::Tensor& bias_in,
+                               const at::Tensor& key_padding, int64_t heads) {
+    auto product = product_in.contiguous(), bias = bias_in.contiguous();
+    auto pad = key_padding.contiguous();
+    const int64_t B = product.size(0), L = product.size(1), D = product.size(2) / 3, W = D / heads;
+    auto out = torch::empty({B, L, D}, product.options());
+    auto S = torch::empty({B, heads, W, W}, bias.options()), c = torch::empty({B, heads, W}, bias.options());
+    launch_staged_forward(staged(product, bias, pad, heads, S, c), bf16_rows<uint16_t>(out));
+    ctx->save_for_backward({product, bias, pad, S, c});
+    ctx->saved_data["heads"] = heads;
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto& product = saved[0];
+    const int64_t heads = ctx->saved_data["heads"].toInt();
+    const int64_t D = product.size(2) / 3;
+    auto g = grads[0].to(at::kBFloat16).contiguous();
+    auto gproduct = torch::empty_like(product);
+    auto gbias = launch_staged_backward(staged(product, saved[1], saved[2], heads, saved[3], saved[4]),
+                                        bf16_rows<const uint16_t>(g), bf16_rows<uint16_t>(gproduct),
+                                        bf16_rows<uint16_t>(gproduct, D));
+    return {gproduct, gbias, at::Tensor(), at::Tensor()};
+  }
+
+ private:
+  static Staged staged(const at::Tensor& product, const at::Tensor& bias, const at::Tensor& pad, int64_t heads,
+                       const at::Tensor& S, const at::Tensor& c) {
+    const int64_t B = product.size(0), L = product.size(1), D = product.size(2) / 3;
+    const float* bp = bias.data_ptr<float>();
+    return {bf16_rows<const uint16_t>(product), bf16_rows<const uint16_t>(product, D), bp, bp + D,
+            pad.data_ptr<bool>(), B, heads, D / heads, L, L, S.data_ptr<float>(), c.data_ptr<float>()};
+  }
+};
+
+// The last slot's bfloat16 query product [B, D] and every slot's key and value product
+// [B, L, 2·D], before their biases [D] and [2·D]; output [B, D] in bfloat16.
+class LinrecGlobalPaperLastBf16 : public torch::autograd::Function<LinrecGlobalPaperLastBf16> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& q_bias_in,
+                               const at::Tensor& kv_in, const at::Tensor& kv_bias_in, const at::Tensor& key_padding,
+                               int64_t heads) {
+    auto q = q_in.contiguous(), kv = kv_in.contiguous(), q_bias = q_bias_in.contiguous(),
+         kv_bias = kv_bias_in.contiguous();
+    auto pad = key_padding.contiguous();
+    const int64_t B = q.size(0), D = q.size(1), W = D / heads;
+    auto out = torch::empty({B, D}, q.options());
+    auto S = torch::empty({B, heads, W, W}, q_bias.options()), c = torch::empty({B, heads, W}, q_bias.options());
+    launch_staged_forward(staged(q, q_bias, kv, kv_bias, pad, heads, S, c), bf16_rows<uint16_t>(out));
+    ctx->save_for_backward({q, q_bias, kv, kv_bias, pad, S, c});
+    ctx->saved_data["heads"] = heads;
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &kv = saved[2];
+    const int64_t heads = ctx->saved_data["heads"].toInt();
+    const int64_t D = q.size(1);
+    auto g = grads[0].to(at::kBFloat16).contiguous();
+    auto gq = torch::empty_like(q), gkv = torch::empty_like(kv);
+    auto gbias = launch_staged_backward(staged(q, saved[1], kv, saved[3], saved[4], heads, saved[5], saved[6]),
+                                        bf16_rows<const uint16_t>(g), bf16_rows<uint16_t>(gq),
+                                        bf16_rows<uint16_t>(gkv));
+    return {gq, gbias.narrow(0, 0, D), gkv, gbias.narrow(0, D, 2 * D), at::Tensor(), at::Tensor()};
+  }
+
+ private:
+  static Staged staged(const at::Tensor& q, const at::Tensor& q_bias, const at::Tensor& kv, const at::Tensor& kv_bias,
+                       const at::Tensor& pad, int64_t heads, const at::Tensor& S, const at::Tensor& c) {
+    const int64_t B = q.size(0), D = q.size(1);
+    return {bf16_rows<const uint16_t>(q), bf16_rows<const uint16_t>(kv), q_bias.data_ptr<float>(),
+            kv_bias.data_ptr<float>(), pad.data_ptr<bool>(), B, heads, D / heads, kv.size(1), 1,
+            S.data_ptr<float>(), c.data_ptr<float>()};
+  }
+};
+
 }  // namespace
 
 at::Tensor linrec_global_paper_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -643,6 +910,16 @@ at::Tensor linrec_global_paper_packed(const at::Tensor& qkv, int64_t heads, cons
 at::Tensor linrec_global_paper_last(const at::Tensor& q, const at::Tensor& kv, int64_t heads,
                                     const at::Tensor& key_padding) {
   return LinrecGlobalPaperLast::apply(q, kv, key_padding, heads)[0];
+}
+
+at::Tensor linrec_global_paper_packed_bf16(const at::Tensor& product, const at::Tensor& bias, int64_t heads,
+                                          const at::Tensor& key_padding) {
+  return LinrecGlobalPaperPackedBf16::apply(product, bias, key_padding, heads)[0];
+}
+
+at::Tensor linrec_global_paper_last_bf16(const at::Tensor& q, const at::Tensor& q_bias, const at::Tensor& kv,
+                                         const at::Tensor& kv_bias, int64_t heads, const at::Tensor& key_padding) {
+  return LinrecGlobalPaperLastBf16::apply(q, q_bias, kv, kv_bias, key_padding, heads)[0];
 }
 
 }  // namespace seqrec::ops

@@ -269,6 +269,104 @@ TEST(LinearAttention, LinrecLastSlotEqualsThePackedOpsLastSlot) {
   EXPECT_THROW(linrec_attention_last(q, kv, 2, pad.narrow(1, 0, 4), LinrecNorm::kPaper), c10::Error);
 }
 
+// The bfloat16 entries (`--matmul_precision medium`): the projections' bfloat16 products and float32
+// biases in, bfloat16 out. The fused kernel against the composition it replaces (the float32 entry
+// on product.to(float) + bias, rounded), in the global form with the paper's normalisation: values
+// and the products' gradients bit for bit, the biases' gradients to float rounding and the same at
+// 1 and 2 threads; widths 1, 5, 16, 50, 64, left padding and an all-padding row. The causal form,
+// the code's normalisation and the fused kernels off take the composition itself; bad arguments
+// are named.
+TEST(LinearAttention, LinrecBf16EntriesEqualTheComposition) {
+  const int prev = at::get_num_threads();
+  auto bf16 = [](const at::Tensor& t) { return t.to(torch::kBFloat16); };
+  at::Tensor first_bias_grad;
+  for (int threads : {1, 2})
+    for (const Case& c : std::vector<Case>{{1, 1, 1, 1, {1}},
+                                           {2, 3, 7, 5, {7, 3}},
+                                           {3, 8, 120, 16, {120, 57, 0}},
+                                           {2, 1, 200, 50, {200, 131}},
+                                           {2, 2, 65, 64, {1, 65}}}) {
+      at::set_num_threads(threads);
+      torch::manual_seed(31);
+      const int64_t D = c.H * c.D;
+      const std::string where = "B" + std::to_string(c.B) + " H" + std::to_string(c.H) + " L" + std::to_string(c.L) +
+                                " W" + std::to_string(c.D) + " threads " + std::to_string(threads);
+      auto pad = padding_mask(c.lengths, c.L);
+      auto product = bf16(torch::randn({c.B, c.L, 3 * D})).requires_grad_();
+      auto bias = torch::randn({3 * D}).requires_grad_();
+      auto gout = bf16(torch::randn({c.B, c.L, D}));
+      auto got = linrec_attention_packed_bf16(product, bias, c.H, pad, LinrecNorm::kPaper, LinrecForm::kGlobal);
+      ASSERT_EQ(got.scalar_type(), torch::kBFloat16) << where;
+      EXPECT_NE(got.grad_fn()->name().find("LinrecGlobalPaperPackedBf16"), std::string::npos) << got.grad_fn()->name();
+      auto want = linrec_attention_packed(product.to(torch::kFloat) + bias, c.H, pad, LinrecNorm::kPaper,
+                                          LinrecForm::kGlobal).to(torch::kBFloat16);
+      EXPECT_TRUE(torch::equal(got, want)) << where << ": " << relative_error(got.to(torch::kFloat), want.to(torch::kFloat));
+      auto g_got = torch::autograd::grad({got}, {product, bias}, {gout});
+      auto g_want = torch::autograd::grad({want}, {product, bias}, {gout});
+      EXPECT_EQ(g_got[0].scalar_type(), torch::kBFloat16) << where;
+      EXPECT_TRUE(torch::equal(g_got[0], g_want[0])) << where << " dproduct";
+      EXPECT_LE(relative_error(g_got[1], g_want[1]), 1e-5) << where << " dbias";
+      if (c.D == 16 && threads == 1) first_bias_grad = g_got[1];
+      if (c.D == 16 && threads == 2) {
+        EXPECT_TRUE(torch::equal(g_got[1], first_bias_grad)) << where << ": thread count";
+      }
+
+      // The last slot alone: its query's product and bias, every slot's keys' and values'.
+      auto q = bf16(torch::randn({c.B, D})).requires_grad_();
+      auto q_bias = torch::randn({D}).requires_grad_();
+      auto kv = bf16(torch::randn({c.B, c.L, 2 * D})).requires_grad_();
+      auto kv_bias = torch::randn({2 * D}).requires_grad_();
+      auto glast = bf16(torch::randn({c.B, D}));
+      auto last = linrec_attention_last_bf16(q, q_bias, kv, kv_bias, c.H, pad, LinrecNorm::kPaper);
+      ASSERT_EQ(last.scalar_type(), torch::kBFloat16) << where;
+      EXPECT_NE(last.grad_fn()->name().find("LinrecGlobalPaperLastBf16"), std::string::npos) << last.grad_fn()->name();
+      auto last_want = linrec_attention_last(q.to(torch::kFloat) + q_bias, kv.to(torch::kFloat) + kv_bias, c.H, pad,
+                                             LinrecNorm::kPaper).to(torch::kBFloat16);
+      EXPECT_TRUE(torch::equal(last, last_want)) << where << " last";
+      auto gl_got = torch::autograd::grad({last}, {q, q_bias, kv, kv_bias}, {glast});
+      auto gl_want = torch::autograd::grad({last_want}, {q, q_bias, kv, kv_bias}, {glast});
+      EXPECT_TRUE(torch::equal(gl_got[0], gl_want[0])) << where << " last dq";
+      EXPECT_TRUE(torch::equal(gl_got[2], gl_want[2])) << where << " last dkv";
+      EXPECT_LE(relative_error(gl_got[1], gl_want[1]), 1e-5) << where << " last dq_bias";
+      EXPECT_LE(relative_error(gl_got[3], gl_want[3]), 1e-5) << where << " last dkv_bias";
+    }
+  at::set_num_threads(prev);
+
+  // Elsewhere the composition itself: the causal form, the code's normalisation, the kernels off.
+  auto product = torch::randn({2, 9, 48}).to(torch::kBFloat16);
+  auto bias = torch::randn({48});
+  auto pad = padding_mask({9, 4}, 9);
+  for (auto [norm, form] : {std::pair{LinrecNorm::kPaper, LinrecForm::kCausal},
+                            std::pair{LinrecNorm::kCode, LinrecForm::kGlobal}}) {
+    auto got = linrec_attention_packed_bf16(product, bias, 2, pad, norm, form);
+    auto want = linrec_attention_packed(product.to(torch::kFloat) + bias, 2, pad, norm, form).to(torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(got, want)) << linrec_norm_name(norm) << " " << linrec_form_name(form);
+  }
+  {
+    const seqrec::testing::ScopedFusedKernels off(false);
+    auto leaf = product.clone().requires_grad_();
+    auto got = linrec_attention_packed_bf16(leaf, bias, 2, pad, LinrecNorm::kPaper, LinrecForm::kGlobal);
+    ASSERT_TRUE(got.grad_fn());
+    EXPECT_EQ(got.grad_fn()->name().find("Bf16"), std::string::npos) << got.grad_fn()->name();
+    auto want = linrec_attention_packed(product.to(torch::kFloat) + bias, 2, pad, LinrecNorm::kPaper,
+                                        LinrecForm::kGlobal).to(torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(got, want));
+  }
+  seqrec::testing::expect_error([&] { linrec_attention_packed_bf16(product.to(torch::kFloat), bias, 2, pad,
+                                                                   LinrecNorm::kPaper, LinrecForm::kGlobal); },
+                                "bfloat16 product");
+  seqrec::testing::expect_error([&] { linrec_attention_packed_bf16(product, bias.narrow(0, 0, 47), 2, pad,
+                                                                   LinrecNorm::kPaper, LinrecForm::kGlobal); },
+                                "float32 bias");
+  seqrec::testing::expect_error([&] { linrec_attention_packed_bf16(product, bias, 3, pad, LinrecNorm::kPaper,
+                                                                   LinrecForm::kGlobal); },
+                                "split into heads");
+  seqrec::testing::expect_error([&] { linrec_attention_last_bf16(product.select(1, 0).narrow(1, 0, 16), bias.narrow(0, 0, 16),
+                                                                 product.narrow(2, 0, 30), bias.narrow(0, 0, 30), 2,
+                                                                 pad, LinrecNorm::kPaper); },
+                                "kv [B, L, 2·D]");
+}
+
 // The fused LinRec kernel's float exp (its ELU) against std::exp in double, every 1/1024 from
 // -87 to 0 and the ends: within 2 ulp of the true value; below -87 it holds exp(-87).
 TEST(LinearAttention, FloatExpIsWithinTwoUlp) {
