@@ -2,12 +2,13 @@
 // bench/attention_scaling.sh (one process per point, so each peak is the op's own).
 //   attention_bench --op OP --len L [--tokens 16384] [--dim 64] [--heads 1] [--interests 20]
 //                   [--codebooks 8] [--codewords 16] [--iters 3] [--device cpu|cuda|cuda:N]
-// OP: softmax | linrec | linrec:global | linrec:packed | linear | linear:reference | linear:global | linear:global:reference
+// OP: softmax | linrec | linrec:global | linrec:packed | linrec:packed:bf16 | linear | linear:reference | linear:global | linear:global:reference
 //     | lightsans | lightsans:reference | lisa | lisa:reference | routing
 //     | routing:reference | gated:softmax[:topk][:reference|:rows]
 //     | gated:cosine[:topk][:reference|:rows] | model:<name> | loss:softmax | loss:softmax:recompute
 // linrec:packed is linrec:global on the packed [B, L, 3·dim] projection the model passes (its heads
-// read in place). linear is the causal linear-attention product alone (the fused kernel of the device: CPU or
+// read in place); linrec:packed:bf16 the same on its bfloat16 product and float32 bias, returning
+// bfloat16 (what the model passes at --matmul_precision medium). linear is the causal linear-attention product alone (the fused kernel of the device: CPU or
 // CUDA), linear:reference its chunked ATen reference; linear:global the non-causal product (the
 // CPU's fused kernel), linear:global:reference q (kᵀ v) by batched products.
 // (model:flash4rec:cosine for FLASH4Rec's linear form). routing is the causal routing op at the
@@ -60,7 +61,7 @@ double status_mb(const char* key) {
 }
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|linrec:global|linrec:packed|linear|linear:reference|linear:global|linear:global:reference|lightsans|lightsans:reference|lisa|lisa:reference|routing|routing:reference|"
+  std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|linrec:global|linrec:packed|linrec:packed:bf16|linear|linear:reference|linear:global|linear:global:reference|lightsans|lightsans:reference|lisa|lisa:reference|routing|routing:reference|"
                "gated:softmax|gated:cosine[:topk][:reference|:rows]|model:<name>[:cosine]|loss:softmax[:recompute] --len L "
                "[--tokens N] [--dim D] [--items N] [--heads H] [--interests K] [--codebooks C] [--codewords W] [--iters I] "
                "[--device cpu|cuda|cuda:N]\n",
@@ -140,6 +141,13 @@ int main(int argc, char** argv) {
     run = [=] {
       return seqrec::ops::linrec_attention_packed(qkv, heads, pad, seqrec::ops::LinrecNorm::kPaper,
                                                   seqrec::ops::LinrecForm::kGlobal);
+    };
+  } else if (op == "linrec:packed:bf16") {
+    auto product = leaf(torch::randn({B, len, 3 * dim}, opt).to(torch::kBFloat16));
+    auto bias = leaf(torch::randn({3 * dim}, opt));
+    run = [=] {
+      return seqrec::ops::linrec_attention_packed_bf16(product, bias, heads, pad, seqrec::ops::LinrecNorm::kPaper,
+                                                       seqrec::ops::LinrecForm::kGlobal);
     };
   } else if (op == "lightsans" || op == "lightsans:reference") {
     // The item-to-interest branch (LightSANs-ape's whole attention): aggregate keys and values,

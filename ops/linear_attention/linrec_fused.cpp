@@ -548,8 +548,8 @@ void launch_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 // and biased into per-thread float blocks as its pass starts, the float kernels above run on those
 // blocks, and what the pass writes is rounded to bfloat16 as it leaves them, so only the bfloat16
 // tensors cross memory. The values are the composition's bit for bit (product.to(float) + bias,
-// the float op, its result rounded), the biases' gradients summed in double sequence by sequence
-// (so the same for any thread count).
+// the float op, its result rounded); the biases' gradients are each sequence's sums in float,
+// added in order in double (so the same for any thread count).
 
 // A [B, R, W] bfloat16 tensor's rows, unit stride along W: sequence b's row t at p + b·sb + t·st.
 template <typename P>
@@ -559,100 +559,122 @@ struct Bf16Rows {
   P* row(int64_t b, int64_t t) const { return p + b * sb + t * st; }
 };
 template <typename P>
-Bf16Rows<P> bf16_rows(const at::Tensor& t, int64_t col = 0) {
-  auto* base = reinterpret_cast<P*>(t.data_ptr<at::BFloat16>()) + col;
+Bf16Rows<P> bf16_rows(const at::Tensor& t) {
+  auto* base = reinterpret_cast<P*>(t.data_ptr<at::BFloat16>());
   return t.dim() == 2 ? Bf16Rows<P>{base, t.stride(0), 0} : Bf16Rows<P>{base, t.stride(0), t.stride(1)};
 }
 
-// One call's operands: Lq query rows of H·W, L rows of keys then values (2·H·W), their biases
-// (null: none, as for an output's gradient), the padding, and the kernels' S and c.
+// One call's operands. The block: each sequence's L rows of `width` bfloat16 columns, the keys at
+// column width - 2·H·W and the values at width - H·W: the packed projection's rows (width
+// 3·H·W, queries at column 0) or the last-slot entry's keys' and values' (width 2·H·W, its one
+// query row apart, in q). A sequence's block is widened in one pass over its rows (a row is
+// contiguous), then the float kernels above read it in place.
 struct Staged {
-  Bf16Rows<const uint16_t> q, kv;
-  const float *q_bias, *kv_bias;
+  Bf16Rows<const uint16_t> block;
+  int64_t width;
+  const float* block_bias;            // [width]
+  Bf16Rows<const uint16_t> q;         // p null: the queries are the block's first H·W columns
+  const float* q_bias;                // [H·W], with q
   const bool* pad;
   int64_t B, H, W, L, Lq;
   float *S, *c;
+  bool separate_query() const { return q.p != nullptr; }
 };
 
-// Rows [0, n) of sequence b, W wide, into buf [n x W] as float, plus bias.
-__attribute__((always_inline)) inline void widen_rows(Bf16Rows<const uint16_t> src, int64_t b, int64_t n, int64_t W,
-                                                      const float* __restrict__ bias, float* __restrict__ buf) {
+// Rows [0, n) of sequence b, `width` wide, into buf [n x width] as float, plus bias (null: none).
+// With `ahead`, the same rows of sequence b + 1 are fetched into L2 on the way: they arrive while
+// sequence b is worked on, and its pass stalled on memory without them.
+__attribute__((always_inline)) inline void widen_rows(Bf16Rows<const uint16_t> src, int64_t b, int64_t n,
+                                                      int64_t width, const float* __restrict__ bias,
+                                                      float* __restrict__ buf, bool ahead) {
+  constexpr int64_t kLine = 64 / sizeof(uint16_t);
   for (int64_t t = 0; t < n; ++t) {
+    if (ahead) {
+      const uint16_t* next = src.row(b + 1, t);
+      for (int64_t i = 0; i < width; i += kLine) __builtin_prefetch(next + i, 0, 2);
+    }
     const uint16_t* __restrict__ x = src.row(b, t);
-    float* __restrict__ y = buf + t * W;
+    float* __restrict__ y = buf + t * width;
     if (bias) {
 #pragma omp simd
-      for (int64_t i = 0; i < W; ++i) y[i] = from_bf16(x[i]) + bias[i];
+      for (int64_t i = 0; i < width; ++i) y[i] = from_bf16(x[i]) + bias[i];
     } else {
 #pragma omp simd
-      for (int64_t i = 0; i < W; ++i) y[i] = from_bf16(x[i]);
+      for (int64_t i = 0; i < width; ++i) y[i] = from_bf16(x[i]);
     }
   }
 }
 
-// buf [n x W] rounded into rows [0, n) of sequence b; with sums, each column's sum (in double)
-// goes to sums[i].
-__attribute__((always_inline)) inline void narrow_rows(const float* __restrict__ buf, int64_t n, int64_t W,
-                                                       Bf16Rows<uint16_t> dst, int64_t b, double* __restrict__ sums) {
-  if (sums) std::fill(sums, sums + W, 0.0);
+// buf [n x width] rounded into rows [0, n) of sequence b, and each column's sum into sums[i].
+__attribute__((always_inline)) inline void narrow_rows(const float* __restrict__ buf, int64_t n, int64_t width,
+                                                       Bf16Rows<uint16_t> dst, int64_t b, float* __restrict__ sums) {
+  if (sums) std::fill(sums, sums + width, 0.0f);
   for (int64_t t = 0; t < n; ++t) {
-    const float* __restrict__ x = buf + t * W;
+    const float* __restrict__ x = buf + t * width;
     uint16_t* __restrict__ y = dst.row(b, t);
 #pragma omp simd
-    for (int64_t i = 0; i < W; ++i) y[i] = to_bf16(x[i]);
+    for (int64_t i = 0; i < width; ++i) y[i] = to_bf16(x[i]);
     if (sums) {
 #pragma omp simd
-      for (int64_t i = 0; i < W; ++i) sums[i] += x[i];
+      for (int64_t i = 0; i < width; ++i) sums[i] += x[i];
     }
   }
 }
 
-// The float kernels' arguments on one sequence's staged blocks (q [Lq x H·W], kv [L x 2·H·W]):
+// The float kernels' arguments on one sequence's staged block (and query rows, when separate):
 // their views ignore b (sb = 0), the padding row is still found by b.
-inline Args<float> staged_args(const Staged& s, const float* q, const float* kv) {
-  const int64_t HW = s.H * s.W;
-  return {{q, 0, s.W, HW}, {kv, 0, s.W, 2 * HW}, {kv + HW, 0, s.W, 2 * HW}, s.pad, s.B, s.H, s.L, s.W, s.W, s.Lq};
+inline Args<float> staged_args(const Staged& s, const float* block, const float* q) {
+  const int64_t HW = s.H * s.W, k0 = s.width - 2 * HW;
+  const View<const float> qv = s.separate_query() ? View<const float>{q, 0, s.W, HW}
+                                                  : View<const float>{block, 0, s.W, s.width};
+  return {qv, {block + k0, 0, s.W, s.width}, {block + k0 + HW, 0, s.W, s.width}, s.pad, s.B, s.H, s.L, s.W, s.W, s.Lq};
 }
 
 template <int kW>
 __attribute__((always_inline)) inline void staged_forward_any(const Staged& s, Bf16Rows<uint16_t> out, int64_t begin,
                                                               int64_t end) {
   const int64_t H = s.H, W = s.W, HW = H * W;
-  std::vector<float> q(s.Lq * HW), kv(s.L * 2 * HW), o(s.Lq * HW), scratch(scratch_elements(H, W, W));
+  std::vector<float> block(s.L * s.width), q(s.separate_query() ? s.Lq * HW : 0), o(s.Lq * HW),
+      scratch(scratch_elements(H, W, W));
   std::vector<const float*> ptrs(2 * H * kGroup);
   std::vector<float*> outs(H * kGroup);
   for (int64_t b = begin; b < end; ++b) {
-    widen_rows(s.q, b, s.Lq, HW, s.q_bias, q.data());
-    widen_rows(s.kv, b, s.L, 2 * HW, s.kv_bias, kv.data());
-    forward_seq<float, kW, kW>(staged_args(s, q.data(), kv.data()), b, View<float>{o.data(), 0, W, HW},
+    const bool ahead = b + 1 < end;
+    widen_rows(s.block, b, s.L, s.width, s.block_bias, block.data(), ahead);
+    if (s.separate_query()) widen_rows(s.q, b, s.Lq, HW, s.q_bias, q.data(), ahead);
+    forward_seq<float, kW, kW>(staged_args(s, block.data(), q.data()), b, View<float>{o.data(), 0, W, HW},
                                s.S + b * H * W * W, s.c + b * H * W, scratch.data(), ptrs.data(), outs.data());
     narrow_rows(o.data(), s.Lq, HW, out, b, nullptr);
   }
 }
 
-// gq and gkv as the inputs' rows; sums [B x 3·H·W]: sequence b's column sums of its query
-// gradient, then of its keys' and values'.
+// g: the output's gradient; gblock (laid out as the block) and gq (when the query is separate):
+// the inputs'; sums [B x 3·H·W]: sequence b's column sums of its query gradient, then of its keys'
+// and values' (the packed block's columns in order).
 template <int kW>
 __attribute__((always_inline)) inline void staged_backward_any(const Staged& s, Bf16Rows<const uint16_t> g,
-                                                               Bf16Rows<uint16_t> gq, Bf16Rows<uint16_t> gkv,
-                                                               double* sums, int64_t begin, int64_t end) {
-  const int64_t H = s.H, W = s.W, HW = H * W;
-  std::vector<float> q(s.Lq * HW), kv(s.L * 2 * HW), go(s.Lq * HW), gqb(s.Lq * HW), gkvb(s.L * 2 * HW),
-      scratch(scratch_elements(H, W, W));
+                                                               Bf16Rows<uint16_t> gblock, Bf16Rows<uint16_t> gq,
+                                                               float* sums, int64_t begin, int64_t end) {
+  const int64_t H = s.H, W = s.W, HW = H * W, k0 = s.width - 2 * HW;
+  const bool separate = s.separate_query();
+  std::vector<float> block(s.L * s.width), q(separate ? s.Lq * HW : 0), go(s.Lq * HW), gb(s.L * s.width),
+      gqb(separate ? s.Lq * HW : 0), scratch(scratch_elements(H, W, W));
   std::vector<const float*> cptrs(3 * H * kGroup);
   std::vector<float*> mptrs(3 * H * kGroup);
   std::vector<QueryRow<float>> qrows(H * kGroup);
+  const View<float> gqv = separate ? View<float>{gqb.data(), 0, W, HW} : View<float>{gb.data(), 0, W, s.width};
   for (int64_t b = begin; b < end; ++b) {
-    widen_rows(s.q, b, s.Lq, HW, s.q_bias, q.data());
-    widen_rows(s.kv, b, s.L, 2 * HW, s.kv_bias, kv.data());
-    widen_rows(g, b, s.Lq, HW, nullptr, go.data());
-    backward_seq<float, kW, kW>(staged_args(s, q.data(), kv.data()), b, View<const float>{go.data(), 0, W, HW},
-                                s.S + b * H * W * W, s.c + b * H * W, View<float>{gqb.data(), 0, W, HW},
-                                View<float>{gkvb.data(), 0, W, 2 * HW}, View<float>{gkvb.data() + HW, 0, W, 2 * HW},
-                                scratch.data(), cptrs.data(), mptrs.data(), qrows.data());
-    double* sb = sums + b * 3 * HW;
-    narrow_rows(gqb.data(), s.Lq, HW, gq, b, sb);
-    narrow_rows(gkvb.data(), s.L, 2 * HW, gkv, b, sb + HW);
+    const bool ahead = b + 1 < end;
+    widen_rows(s.block, b, s.L, s.width, s.block_bias, block.data(), ahead);
+    if (separate) widen_rows(s.q, b, s.Lq, HW, s.q_bias, q.data(), ahead);
+    widen_rows(g, b, s.Lq, HW, nullptr, go.data(), ahead);
+    backward_seq<float, kW, kW>(staged_args(s, block.data(), q.data()), b, View<const float>{go.data(), 0, W, HW},
+                                s.S + b * H * W * W, s.c + b * H * W, gqv, View<float>{gb.data() + k0, 0, W, s.width},
+                                View<float>{gb.data() + k0 + HW, 0, W, s.width}, scratch.data(), cptrs.data(),
+                                mptrs.data(), qrows.data());
+    float* sb = sums + b * 3 * HW;
+    narrow_rows(gb.data(), s.L, s.width, gblock, b, sb + 3 * HW - s.width);
+    if (separate) narrow_rows(gqb.data(), s.Lq, HW, gq, b, sb);
   }
 }
 
@@ -661,9 +683,9 @@ void staged_forward(const Staged& s, Bf16Rows<uint16_t> out, int64_t begin, int6
   staged_forward_any<kW>(s, out, begin, end);
 }
 template <int kW>
-void staged_backward(const Staged& s, Bf16Rows<const uint16_t> g, Bf16Rows<uint16_t> gq, Bf16Rows<uint16_t> gkv,
-                     double* sums, int64_t begin, int64_t end) {
-  staged_backward_any<kW>(s, g, gq, gkv, sums, begin, end);
+void staged_backward(const Staged& s, Bf16Rows<const uint16_t> g, Bf16Rows<uint16_t> gblock, Bf16Rows<uint16_t> gq,
+                     float* sums, int64_t begin, int64_t end) {
+  staged_backward_any<kW>(s, g, gblock, gq, sums, begin, end);
 }
 #if SEQREC_CPU_X86
 template <int kW>
@@ -671,18 +693,18 @@ SEQREC_CPU_AVX2 void staged_forward_avx2(const Staged& s, Bf16Rows<uint16_t> out
   staged_forward_any<kW>(s, out, begin, end);
 }
 template <int kW>
-SEQREC_CPU_AVX2 void staged_backward_avx2(const Staged& s, Bf16Rows<const uint16_t> g, Bf16Rows<uint16_t> gq,
-                                          Bf16Rows<uint16_t> gkv, double* sums, int64_t begin, int64_t end) {
-  staged_backward_any<kW>(s, g, gq, gkv, sums, begin, end);
+SEQREC_CPU_AVX2 void staged_backward_avx2(const Staged& s, Bf16Rows<const uint16_t> g, Bf16Rows<uint16_t> gblock,
+                                          Bf16Rows<uint16_t> gq, float* sums, int64_t begin, int64_t end) {
+  staged_backward_any<kW>(s, g, gblock, gq, sums, begin, end);
 }
 template <int kW>
 SEQREC_CPU_AVX512 void staged_forward_avx512(const Staged& s, Bf16Rows<uint16_t> out, int64_t begin, int64_t end) {
   staged_forward_any<kW>(s, out, begin, end);
 }
 template <int kW>
-SEQREC_CPU_AVX512 void staged_backward_avx512(const Staged& s, Bf16Rows<const uint16_t> g, Bf16Rows<uint16_t> gq,
-                                              Bf16Rows<uint16_t> gkv, double* sums, int64_t begin, int64_t end) {
-  staged_backward_any<kW>(s, g, gq, gkv, sums, begin, end);
+SEQREC_CPU_AVX512 void staged_backward_avx512(const Staged& s, Bf16Rows<const uint16_t> g, Bf16Rows<uint16_t> gblock,
+                                              Bf16Rows<uint16_t> gq, float* sums, int64_t begin, int64_t end) {
+  staged_backward_any<kW>(s, g, gblock, gq, sums, begin, end);
 }
 #endif
 
@@ -700,24 +722,24 @@ void launch_staged_forward(const Staged& s, Bf16Rows<uint16_t> out) {
   });
 }
 
-// Returns the biases' gradient [3·H·W] (queries', then keys' and values'), summed over the
-// sequences in order.
-at::Tensor launch_staged_backward(const Staged& s, Bf16Rows<const uint16_t> g, Bf16Rows<uint16_t> gq,
-                                  Bf16Rows<uint16_t> gkv) {
-  auto sums = torch::empty({s.B, 3 * s.H * s.W}, torch::kFloat64);
-  double* sp = sums.data_ptr<double>();
+// Returns the biases' gradient [3·H·W] (the query's, then the keys' and values'): each sequence's
+// column sums in float, added over the sequences in order in double.
+at::Tensor launch_staged_backward(const Staged& s, Bf16Rows<const uint16_t> g, Bf16Rows<uint16_t> gblock,
+                                  Bf16Rows<uint16_t> gq) {
+  const int64_t N = 3 * s.H * s.W;
+  std::vector<float> sums(s.B * N);
+  float* sp = sums.data();
   with_width(s.W, s.W, [&](auto width) {
     constexpr int W = decltype(width)::value;
     at::parallel_for(0, s.B, 1, [&](int64_t begin, int64_t end) {
 #if SEQREC_CPU_X86
       if constexpr (W == 16)
-        if (cpu_has_avx512()) return staged_backward_avx512<W>(s, g, gq, gkv, sp, begin, end);
-      if (cpu_has_avx2_fma()) return staged_backward_avx2<W>(s, g, gq, gkv, sp, begin, end);
+        if (cpu_has_avx512()) return staged_backward_avx512<W>(s, g, gblock, gq, sp, begin, end);
+      if (cpu_has_avx2_fma()) return staged_backward_avx2<W>(s, g, gblock, gq, sp, begin, end);
 #endif
-      staged_backward<W>(s, g, gq, gkv, sp, begin, end);
+      staged_backward<W>(s, g, gblock, gq, sp, begin, end);
     });
   });
-  const int64_t N = 3 * s.H * s.W;
   std::vector<double> total(N, 0.0);
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t i = 0; i < N; ++i) total[i] += sp[b * N + i];
@@ -835,12 +857,10 @@ class LinrecGlobalPaperPackedBf16 : public torch::autograd::Function<LinrecGloba
     auto saved = ctx->get_saved_variables();
     const auto& product = saved[0];
     const int64_t heads = ctx->saved_data["heads"].toInt();
-    const int64_t D = product.size(2) / 3;
     auto g = grads[0].to(at::kBFloat16).contiguous();
     auto gproduct = torch::empty_like(product);
     auto gbias = launch_staged_backward(staged(product, saved[1], saved[2], heads, saved[3], saved[4]),
-                                        bf16_rows<const uint16_t>(g), bf16_rows<uint16_t>(gproduct),
-                                        bf16_rows<uint16_t>(gproduct, D));
+                                        bf16_rows<const uint16_t>(g), bf16_rows<uint16_t>(gproduct), {});
     return {gproduct, gbias, at::Tensor(), at::Tensor()};
   }
 
@@ -848,9 +868,8 @@ class LinrecGlobalPaperPackedBf16 : public torch::autograd::Function<LinrecGloba
   static Staged staged(const at::Tensor& product, const at::Tensor& bias, const at::Tensor& pad, int64_t heads,
                        const at::Tensor& S, const at::Tensor& c) {
     const int64_t B = product.size(0), L = product.size(1), D = product.size(2) / 3;
-    const float* bp = bias.data_ptr<float>();
-    return {bf16_rows<const uint16_t>(product), bf16_rows<const uint16_t>(product, D), bp, bp + D,
-            pad.data_ptr<bool>(), B, heads, D / heads, L, L, S.data_ptr<float>(), c.data_ptr<float>()};
+    return {bf16_rows<const uint16_t>(product), 3 * D, bias.data_ptr<float>(), {}, nullptr, pad.data_ptr<bool>(),
+            B, heads, D / heads, L, L, S.data_ptr<float>(), c.data_ptr<float>()};
   }
 };
 
@@ -881,8 +900,8 @@ class LinrecGlobalPaperLastBf16 : public torch::autograd::Function<LinrecGlobalP
     auto g = grads[0].to(at::kBFloat16).contiguous();
     auto gq = torch::empty_like(q), gkv = torch::empty_like(kv);
     auto gbias = launch_staged_backward(staged(q, saved[1], kv, saved[3], saved[4], heads, saved[5], saved[6]),
-                                        bf16_rows<const uint16_t>(g), bf16_rows<uint16_t>(gq),
-                                        bf16_rows<uint16_t>(gkv));
+                                        bf16_rows<const uint16_t>(g), bf16_rows<uint16_t>(gkv),
+                                        bf16_rows<uint16_t>(gq));
     return {gq, gbias.narrow(0, 0, D), gkv, gbias.narrow(0, D, 2 * D), at::Tensor(), at::Tensor()};
   }
 
@@ -890,8 +909,8 @@ class LinrecGlobalPaperLastBf16 : public torch::autograd::Function<LinrecGlobalP
   static Staged staged(const at::Tensor& q, const at::Tensor& q_bias, const at::Tensor& kv, const at::Tensor& kv_bias,
                        const at::Tensor& pad, int64_t heads, const at::Tensor& S, const at::Tensor& c) {
     const int64_t B = q.size(0), D = q.size(1);
-    return {bf16_rows<const uint16_t>(q), bf16_rows<const uint16_t>(kv), q_bias.data_ptr<float>(),
-            kv_bias.data_ptr<float>(), pad.data_ptr<bool>(), B, heads, D / heads, kv.size(1), 1,
+    return {bf16_rows<const uint16_t>(kv), 2 * D, kv_bias.data_ptr<float>(), bf16_rows<const uint16_t>(q),
+            q_bias.data_ptr<float>(), pad.data_ptr<bool>(), B, heads, D / heads, kv.size(1), 1,
             S.data_ptr<float>(), c.data_ptr<float>()};
   }
 };
