@@ -193,11 +193,27 @@ TEST_P(ModelContract, EveryParameterGetsAGradient) {
 
 // --matmul_precision medium reaches every variant's layers: its outputs move by bfloat16's
 // rounding and no more, and every parameter still gets a finite float32 gradient.
+// --matmul_precision medium for a scope.
+struct Medium {
+  Medium() { seqrec::ops::set_matmul_precision("medium"); }
+  ~Medium() { seqrec::ops::set_matmul_precision("highest"); }
+};
+
+// Whether t's autograd graph holds a node whose name contains `name`.
+bool graph_has(const at::Tensor& t, const std::string& name) {
+  std::set<torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> todo{t.grad_fn().get()};
+  while (!todo.empty()) {
+    auto* n = todo.back();
+    todo.pop_back();
+    if (!n || !seen.insert(n).second) continue;
+    if (n->name().find(name) != std::string::npos) return true;
+    for (const auto& e : n->next_edges()) todo.push_back(e.function.get());
+  }
+  return false;
+}
+
 TEST_P(ModelContract, MediumPrecisionRoundsTheProductsAndStillTrains) {
-  struct Medium {
-    Medium() { seqrec::ops::set_matmul_precision("medium"); }
-    ~Medium() { seqrec::ops::set_matmul_precision("highest"); }
-  };
   auto m = make_model(options(GetParam()));
   const auto input = torch::cat({seq(long_items(40, 4), 40), seq({2, 4, 6}, 40)});
   auto encode = [&] {
@@ -217,24 +233,11 @@ TEST_P(ModelContract, MediumPrecisionRoundsTheProductsAndStillTrains) {
   m->take_auxiliary_loss();
   // The one-pass bfloat16 epilogues are in the graph: every backbone feed-forward layer's, and
   // SASRec's attention probabilities'.
-  std::set<std::string> nodes;
-  std::vector<torch::autograd::Node*> todo{h.grad_fn().get()};
-  while (!todo.empty()) {
-    auto* n = todo.back();
-    todo.pop_back();
-    if (!n || !nodes.insert(n->name() + "#" + std::to_string(reinterpret_cast<uintptr_t>(n))).second) continue;
-    for (const auto& e : n->next_edges()) todo.push_back(e.function.get());
-  }
-  auto has_node = [&](const std::string& name) {
-    for (const auto& n : nodes)
-      if (n.find(name) != std::string::npos) return true;
-    return false;
-  };
   bool feed_forward = false;
   for (auto& [name, p] : m->named_parameters()) feed_forward |= name.find("ffn.fc1") != std::string::npos;
-  EXPECT_EQ(has_node("BiasActivationDropoutFused"), feed_forward);
+  EXPECT_EQ(graph_has(h, "BiasActivationDropoutFused"), feed_forward);
   if (GetParam().name.rfind("sasrec", 0) == 0) {
-    EXPECT_TRUE(has_node("SoftmaxDropoutBf16Fused"));
+    EXPECT_TRUE(graph_has(h, "SoftmaxDropoutBf16Fused"));
   }
   torch::matmul(h, m->item_embeddings().t()).logsumexp(-1).sum().backward();
   for (auto& [name, p] : m->named_parameters()) {
@@ -466,6 +469,36 @@ TEST(LastObjective, LinrecAttendsBothWaysAndScoresTheLastSlot) {
       o.model = model;
       expect_invalid(o, "needs bidirectional attention", std::string(model) + " accepted objective " + objective);
     }
+  }
+}
+
+// At --matmul_precision medium LinRec's global form stays in bfloat16 between its projections'
+// products: the attention kernel takes the bfloat16 products and their biases and returns
+// bfloat16, in every block of encode and in encode_last's last block (its one-query entry);
+// encode_last still gives encode's last slot (to bfloat16 rounding: its query's product is a
+// separate one), and every parameter gets a finite float32 gradient.
+TEST(LastObjective, LinrecAtMediumPrecisionAttendsOnTheBfloat16Products) {
+  auto o = sasrec_small();
+  o.model = "linrec";
+  o.objective = "last";
+  o.dropout = 0;
+  auto m = make_model(o);
+  const Medium medium;
+  m->set_training(true);
+  auto a = torch::cat({seq({3, 5, 7, 4}, 12), seq({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, 12)});
+  auto h = m->encode(a);
+  auto last = m->encode_last(a);
+  EXPECT_TRUE(graph_has(h, "LinrecGlobalPaperPackedBf16"));
+  EXPECT_TRUE(graph_has(last, "LinrecGlobalPaperPackedBf16")) << "the first block's attention";
+  EXPECT_TRUE(graph_has(last, "LinrecGlobalPaperLastBf16")) << "the last block's";
+  const double rel = ((last - h.select(1, 11)).norm() / h.select(1, 11).norm()).item<double>();
+  EXPECT_LT(rel, 2e-2);
+  (h.pow(2).sum() + last.pow(2).sum()).backward();
+  for (auto& [name, p] : m->named_parameters()) {
+    ASSERT_TRUE(p.grad().defined()) << name;
+    EXPECT_EQ(p.grad().scalar_type(), torch::kFloat) << name;
+    EXPECT_TRUE(torch::isfinite(p.grad()).all().item<bool>()) << name;
+    EXPECT_GT(p.grad().abs().sum().item<double>(), 0.0) << name;
   }
 }
 
