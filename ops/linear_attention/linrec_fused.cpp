@@ -582,17 +582,12 @@ struct Staged {
 };
 
 // Rows [0, n) of sequence b, `width` wide, into buf [n x width] as float, plus bias (null: none).
-// With `ahead`, the same rows of sequence b + 1 are fetched into L2 on the way: they arrive while
-// sequence b is worked on, and its pass stalled on memory without them.
+// (Fetching sequence b + 1's rows ahead from here made a LinRec training step slower, 186 -> 193
+// ms: the prefetches queue behind the loads they are meant to overlap.)
 __attribute__((always_inline)) inline void widen_rows(Bf16Rows<const uint16_t> src, int64_t b, int64_t n,
                                                       int64_t width, const float* __restrict__ bias,
-                                                      float* __restrict__ buf, bool ahead) {
-  constexpr int64_t kLine = 64 / sizeof(uint16_t);
+                                                      float* __restrict__ buf) {
   for (int64_t t = 0; t < n; ++t) {
-    if (ahead) {
-      const uint16_t* next = src.row(b + 1, t);
-      for (int64_t i = 0; i < width; i += kLine) __builtin_prefetch(next + i, 0, 2);
-    }
     const uint16_t* __restrict__ x = src.row(b, t);
     float* __restrict__ y = buf + t * width;
     if (bias) {
@@ -605,19 +600,28 @@ __attribute__((always_inline)) inline void widen_rows(Bf16Rows<const uint16_t> s
   }
 }
 
-// buf [n x width] rounded into rows [0, n) of sequence b, and each column's sum into sums[i].
+// buf [n x width] rounded into rows [0, n) of sequence b, and (sums not null) each column's sum
+// into sums[i], four rows added before each update of sums.
 __attribute__((always_inline)) inline void narrow_rows(const float* __restrict__ buf, int64_t n, int64_t width,
                                                        Bf16Rows<uint16_t> dst, int64_t b, float* __restrict__ sums) {
-  if (sums) std::fill(sums, sums + width, 0.0f);
   for (int64_t t = 0; t < n; ++t) {
     const float* __restrict__ x = buf + t * width;
     uint16_t* __restrict__ y = dst.row(b, t);
 #pragma omp simd
     for (int64_t i = 0; i < width; ++i) y[i] = to_bf16(x[i]);
-    if (sums) {
+  }
+  if (!sums) return;
+  std::fill(sums, sums + width, 0.0f);
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) {
+    const float* __restrict__ x = buf + t * width;
 #pragma omp simd
-      for (int64_t i = 0; i < width; ++i) sums[i] += x[i];
-    }
+    for (int64_t i = 0; i < width; ++i) sums[i] += (x[i] + x[width + i]) + (x[2 * width + i] + x[3 * width + i]);
+  }
+  for (; t < n; ++t) {
+    const float* __restrict__ x = buf + t * width;
+#pragma omp simd
+    for (int64_t i = 0; i < width; ++i) sums[i] += x[i];
   }
 }
 
@@ -639,9 +643,8 @@ __attribute__((always_inline)) inline void staged_forward_any(const Staged& s, B
   std::vector<const float*> ptrs(2 * H * kGroup);
   std::vector<float*> outs(H * kGroup);
   for (int64_t b = begin; b < end; ++b) {
-    const bool ahead = b + 1 < end;
-    widen_rows(s.block, b, s.L, s.width, s.block_bias, block.data(), ahead);
-    if (s.separate_query()) widen_rows(s.q, b, s.Lq, HW, s.q_bias, q.data(), ahead);
+    widen_rows(s.block, b, s.L, s.width, s.block_bias, block.data());
+    if (s.separate_query()) widen_rows(s.q, b, s.Lq, HW, s.q_bias, q.data());
     forward_seq<float, kW, kW>(staged_args(s, block.data(), q.data()), b, View<float>{o.data(), 0, W, HW},
                                s.S + b * H * W * W, s.c + b * H * W, scratch.data(), ptrs.data(), outs.data());
     narrow_rows(o.data(), s.Lq, HW, out, b, nullptr);
@@ -664,10 +667,9 @@ __attribute__((always_inline)) inline void staged_backward_any(const Staged& s, 
   std::vector<QueryRow<float>> qrows(H * kGroup);
   const View<float> gqv = separate ? View<float>{gqb.data(), 0, W, HW} : View<float>{gb.data(), 0, W, s.width};
   for (int64_t b = begin; b < end; ++b) {
-    const bool ahead = b + 1 < end;
-    widen_rows(s.block, b, s.L, s.width, s.block_bias, block.data(), ahead);
-    if (separate) widen_rows(s.q, b, s.Lq, HW, s.q_bias, q.data(), ahead);
-    widen_rows(g, b, s.Lq, HW, nullptr, go.data(), ahead);
+    widen_rows(s.block, b, s.L, s.width, s.block_bias, block.data());
+    if (separate) widen_rows(s.q, b, s.Lq, HW, s.q_bias, q.data());
+    widen_rows(g, b, s.Lq, HW, nullptr, go.data());
     backward_seq<float, kW, kW>(staged_args(s, block.data(), q.data()), b, View<const float>{go.data(), 0, W, HW},
                                 s.S + b * H * W * W, s.c + b * H * W, gqv, View<float>{gb.data() + k0, 0, W, s.width},
                                 View<float>{gb.data() + k0 + HW, 0, W, s.width}, scratch.data(), cptrs.data(),
