@@ -74,12 +74,13 @@ struct Args {
 };
 
 // Scratch per thread for one sequence's H heads, the larger of the two passes' needs: forward
-// 1 + H·(1 + kGroup) rows of D; backward Sᵀ, G and Gᵀ, and 3 + 4·kGroup rows of D, per head.
-inline int64_t scratch_elements(int64_t H, int64_t D, int64_t E) { return H * (3 * D * E + 19 * D) + D; }
+// 1 + kGroup rows of D per head; backward Sᵀ, G and Gᵀ, and 3 + 4·kGroup rows of D, per head; and
+// up to three values per head (a slot's query norms).
+inline int64_t scratch_elements(int64_t H, int64_t D, int64_t E) { return H * (3 * D * E + 19 * D + 3) + D; }
 
 template <typename T>
 __attribute__((always_inline)) inline T inv_clamped_norm(T r) {
-  return T(1) / std::max(r, T(kEps));
+  return T(1) / (r < T(kEps) ? T(kEps) : r);  // std::max's result, in a form the heads' loop vectorises
 }
 
 // The keys' column scales s[i] = 1 / sqrt(max(c[i], eps) · n') from their sums of squares c and
@@ -98,6 +99,22 @@ __attribute__((always_inline)) inline void elu_row(const T* __restrict__ x, T* _
     const T xi = x[i];
     const T neg = exp_nonpositive(xi < T(0) ? xi : T(0)) - T(1);  // both sides, then a select
     e[i] = xi > T(0) ? xi : neg;
+  }
+}
+
+// A slot's query rows after ELU, one per head (e[h] = row h), each into its head's row of `rows`
+// and its squared norm into r2[h]: the heads' square roots and divisions then run as one vector
+// loop, not one scalar chain per head.
+template <typename T>
+__attribute__((always_inline)) inline void elu_heads(View<const T> q, int64_t b, int64_t t, int64_t H, int64_t D,
+                                                     T* const* e, T* __restrict__ r2) {
+  for (int64_t h = 0; h < H; ++h) {
+    T* __restrict__ eh = e[h];
+    elu_row(q.seq(b, h) + t * q.st, eh, D);
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < D; ++i) sum += eh[i] * eh[i];
+    r2[h] = sum;
   }
 }
 
@@ -144,8 +161,7 @@ __attribute__((always_inline)) inline void forward_seq(const Args<T>& a, int64_t
   const int64_t D = kD > 0 ? kD : a.D, E = kE > 0 ? kE : a.E, L = a.L, H = a.H;
   const bool* pad = a.pad + b * L;
   T* __restrict__ s = scratch;         // [H x D]
-  T* __restrict__ e = s + H * D;       // one query row after ELU
-  T* __restrict__ rows = e + D;        // [H x kGroup x D]: keys after ELU, then the queries' w
+  T* __restrict__ rows = s + H * D;    // [H x kGroup x D]: keys after ELU, then the queries' w
   const T** ke = ptrs;                 // [H x kGroup]
   const T** vt = ptrs + H * kGroup;    // [H x kGroup]
   std::fill(S, S + H * D * E, T(0));
@@ -175,20 +191,21 @@ __attribute__((always_inline)) inline void forward_seq(const Args<T>& a, int64_t
   const T nn = static_cast<T>(std::max<int64_t>(n, 1)), inv_sqrt_d = T(1) / std::sqrt(static_cast<T>(D));
   for (int64_t h = 0; h < H; ++h) column_scales(c + h * D, nn, D, s + h * D);
   const T** ws = ptrs;  // [H x kGroup], the keys' pointers no longer needed
+  T* __restrict__ r2 = rows + H * kGroup * D;  // [H]: the slot's squared query norms, then its scales
+  T** es = outs + H * kGroup;                  // [H]: where each head's query row goes
   g = 0;
   for (int64_t t = 0; t < a.Lq; ++t) {
     prefetch_heads(a.q, b, H, D, t, a.Lq);
-    for (int64_t h = 0; h < H; ++h) {
-      elu_row(a.q.seq(b, h) + t * a.q.st, e, D);
-      const T* __restrict__ qt = e;
-      const T* __restrict__ sh = s + h * D;
-      T r2 = 0;
-#pragma omp simd reduction(+ : r2)
-      for (int64_t i = 0; i < D; ++i) r2 += qt[i] * qt[i];
-      const T scale = inv_clamped_norm(std::sqrt(r2)) * inv_sqrt_d;
-      T* __restrict__ w = rows + (h * kGroup + g) * D;
+    for (int64_t h = 0; h < H; ++h) es[h] = rows + (h * kGroup + g) * D;
+    elu_heads(a.q, b, t, H, D, es, r2);
 #pragma omp simd
-      for (int64_t i = 0; i < D; ++i) w[i] = qt[i] * scale * sh[i];
+    for (int64_t h = 0; h < H; ++h) r2[h] = inv_clamped_norm(std::sqrt(r2[h])) * inv_sqrt_d;
+    for (int64_t h = 0; h < H; ++h) {
+      const T* __restrict__ sh = s + h * D;
+      const T scale = r2[h];
+      T* __restrict__ w = es[h];  // the query after ELU, scaled in place
+#pragma omp simd
+      for (int64_t i = 0; i < D; ++i) w[i] = w[i] * scale * sh[i];
       ws[h * kGroup + g] = w;
       outs[h * kGroup + g] = out.seq(b, h) + t * out.st;
     }
@@ -313,23 +330,31 @@ __attribute__((always_inline)) inline void backward_seq(const Args<T>& a, int64_
 
   // Queries: gw = S gout[t]; G and ds accumulate; gqe through the row norm.
   int cnt = 0;
+  T* __restrict__ r2 = rows + 4 * H * kGroup * D;  // [H]: the slot's squared query norms, then the norms
+  T* __restrict__ inv_r = r2 + H;                   // [H]
+  T* __restrict__ scales = inv_r + H;               // [H]
   for (int64_t t = 0; t < a.Lq; ++t) {
     prefetch_heads(a.q, b, H, D, t, a.Lq);
     prefetch_heads(g, b, H, E, t, a.Lq);
+    T** es = mptrs;  // [H], free until the keys' pass
+    for (int64_t h = 0; h < H; ++h) es[h] = rows + 4 * (h * kGroup + cnt) * D;
+    elu_heads(a.q, b, t, H, D, es, r2);
+#pragma omp simd
+    for (int64_t h = 0; h < H; ++h) {
+      r2[h] = std::sqrt(r2[h]);
+      inv_r[h] = inv_clamped_norm(r2[h]);
+      scales[h] = inv_r[h] * inv_sqrt_d;
+    }
     for (int64_t h = 0; h < H; ++h) {
       const T* __restrict__ sh = s + h * D;
-      T* e = rows + 4 * (h * kGroup + cnt) * D;
+      T* e = es[h];
       T* u = e + D;
       T* w = u + D;
       QueryRow<T>& x = qrows[h * kGroup + cnt];
       x.raw = a.q.seq(b, h) + t * a.q.st;
-      elu_row(x.raw, e, D);
-      T r2 = 0;
-#pragma omp simd reduction(+ : r2)
-      for (int64_t i = 0; i < D; ++i) r2 += e[i] * e[i];
-      x.r = std::sqrt(r2);
-      x.inv_r = inv_clamped_norm(x.r);
-      x.scale = x.inv_r * inv_sqrt_d;
+      x.r = r2[h];
+      x.inv_r = inv_r[h];
+      x.scale = scales[h];
       const T scale = x.scale;
 #pragma omp simd
       for (int64_t i = 0; i < D; ++i) {
@@ -414,7 +439,7 @@ __attribute__((always_inline)) inline void forward_range_any(const Args<T>& a, V
                                                              int64_t end) {
   std::vector<T> scratch(scratch_elements(a.H, a.D, a.E));
   std::vector<const T*> ptrs(2 * a.H * kGroup);
-  std::vector<T*> outs(a.H * kGroup);
+  std::vector<T*> outs(a.H * (kGroup + 1));
   for (int64_t b = begin; b < end; ++b)
     forward_seq<T, kD, kE>(a, b, out, S + b * a.H * a.D * a.E, c + b * a.H * a.D, scratch.data(), ptrs.data(),
                            outs.data());
@@ -641,7 +666,7 @@ __attribute__((always_inline)) inline void staged_forward_any(const Staged& s, B
   std::vector<float> block(s.L * s.width), q(s.separate_query() ? s.Lq * HW : 0), o(s.Lq * HW),
       scratch(scratch_elements(H, W, W));
   std::vector<const float*> ptrs(2 * H * kGroup);
-  std::vector<float*> outs(H * kGroup);
+  std::vector<float*> outs(H * (kGroup + 1));
   for (int64_t b = begin; b < end; ++b) {
     widen_rows(s.block, b, s.L, s.width, s.block_bias, block.data());
     if (s.separate_query()) widen_rows(s.q, b, s.Lq, HW, s.q_bias, q.data());
