@@ -3,6 +3,9 @@
 // every block uses the causal prefix-sum form, whose last slot equals the paper's global form over
 // the whole sequence; under the last-slot objective (each example a prefix scored at its last
 // slot, as the released code trains) and the cloze objective every block uses the global form.
+// At --matmul_precision medium the attention sits between two bfloat16 products: it takes the
+// query/key/value product before its bias and returns bfloat16 for the output projection
+// (ops::linrec_attention_packed_bf16 and _last_bf16), so no float32 copy of either is made.
 #include <cmath>
 
 #include "models/backbone.h"

@@ -88,8 +88,8 @@ at::Tensor linrec_attention_last(const at::Tensor& q, const at::Tensor& kv, int6
 // float32 entry on product.to(float) + bias with its result rounded to bfloat16. On the CPU with
 // the paper's normalisation in the global form the fused kernel runs, each sequence's rows
 // widened and biased as a pass reads them and rounded as it writes them (the same float32
-// arithmetic, so the same bits; the biases' gradients summed in double, per sequence in order);
-// every other case runs that composition.
+// arithmetic, so the same bits; the biases' gradients are each sequence's sums in float, added
+// in order in double, the same at any thread count); every other case runs that composition.
 at::Tensor linrec_attention_packed_bf16(const at::Tensor& product, const at::Tensor& bias, int64_t heads,
                                         const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form);
 at::Tensor linrec_attention_last_bf16(const at::Tensor& q, const at::Tensor& q_bias, const at::Tensor& kv,
