@@ -705,48 +705,52 @@ __attribute__((always_inline)) inline void staged_backward_any(const Staged& s, 
   }
 }
 
-template <int kW>
-void staged_forward(const Staged& s, Bf16Rows<uint16_t> out, int64_t begin, int64_t end) {
-  staged_forward_any<kW>(s, out, begin, end);
+// One launch of either pass: the forward's output, or the backward's gradients and sums.
+struct StagedCall {
+  Staged s;
+  Bf16Rows<uint16_t> out;
+  Bf16Rows<const uint16_t> g;
+  Bf16Rows<uint16_t> gblock, gq;
+  float* sums;
+};
+
+template <int kW, bool kBackward>
+__attribute__((always_inline)) inline void staged_range_any(const StagedCall& c, int64_t begin, int64_t end) {
+  if constexpr (kBackward) staged_backward_any<kW>(c.s, c.g, c.gblock, c.gq, c.sums, begin, end);
+  else staged_forward_any<kW>(c.s, c.out, begin, end);
 }
-template <int kW>
-void staged_backward(const Staged& s, Bf16Rows<const uint16_t> g, Bf16Rows<uint16_t> gblock, Bf16Rows<uint16_t> gq,
-                     float* sums, int64_t begin, int64_t end) {
-  staged_backward_any<kW>(s, g, gblock, gq, sums, begin, end);
+template <int kW, bool kBackward>
+void staged_range(const StagedCall& c, int64_t begin, int64_t end) {
+  staged_range_any<kW, kBackward>(c, begin, end);
 }
 #if SEQREC_CPU_X86
-template <int kW>
-SEQREC_CPU_AVX2 void staged_forward_avx2(const Staged& s, Bf16Rows<uint16_t> out, int64_t begin, int64_t end) {
-  staged_forward_any<kW>(s, out, begin, end);
+template <int kW, bool kBackward>
+SEQREC_CPU_AVX2 void staged_range_avx2(const StagedCall& c, int64_t begin, int64_t end) {
+  staged_range_any<kW, kBackward>(c, begin, end);
 }
-template <int kW>
-SEQREC_CPU_AVX2 void staged_backward_avx2(const Staged& s, Bf16Rows<const uint16_t> g, Bf16Rows<uint16_t> gblock,
-                                          Bf16Rows<uint16_t> gq, float* sums, int64_t begin, int64_t end) {
-  staged_backward_any<kW>(s, g, gblock, gq, sums, begin, end);
-}
-template <int kW>
-SEQREC_CPU_AVX512 void staged_forward_avx512(const Staged& s, Bf16Rows<uint16_t> out, int64_t begin, int64_t end) {
-  staged_forward_any<kW>(s, out, begin, end);
-}
-template <int kW>
-SEQREC_CPU_AVX512 void staged_backward_avx512(const Staged& s, Bf16Rows<const uint16_t> g, Bf16Rows<uint16_t> gblock,
-                                              Bf16Rows<uint16_t> gq, float* sums, int64_t begin, int64_t end) {
-  staged_backward_any<kW>(s, g, gblock, gq, sums, begin, end);
+template <int kW, bool kBackward>
+SEQREC_CPU_AVX512 void staged_range_avx512(const StagedCall& c, int64_t begin, int64_t end) {
+  staged_range_any<kW, kBackward>(c, begin, end);
 }
 #endif
 
-void launch_staged_forward(const Staged& s, Bf16Rows<uint16_t> out) {
-  with_width(s.W, s.W, [&](auto width) {
+template <bool kBackward>
+void launch_staged(const StagedCall& c) {
+  with_width(c.s.W, c.s.W, [&](auto width) {
     constexpr int W = decltype(width)::value;
-    at::parallel_for(0, s.B, 1, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, c.s.B, 1, [&](int64_t begin, int64_t end) {
 #if SEQREC_CPU_X86
       if constexpr (W == 16)
-        if (cpu_has_avx512()) return staged_forward_avx512<W>(s, out, begin, end);
-      if (cpu_has_avx2_fma()) return staged_forward_avx2<W>(s, out, begin, end);
+        if (cpu_has_avx512()) return staged_range_avx512<W, kBackward>(c, begin, end);
+      if (cpu_has_avx2_fma()) return staged_range_avx2<W, kBackward>(c, begin, end);
 #endif
-      staged_forward<W>(s, out, begin, end);
+      staged_range<W, kBackward>(c, begin, end);
     });
   });
+}
+
+void launch_staged_forward(const Staged& s, Bf16Rows<uint16_t> out) {
+  launch_staged<false>({s, out, {}, {}, {}, nullptr});
 }
 
 // Returns the biases' gradient [3·H·W] (the query's, then the keys' and values'): each sequence's
@@ -756,17 +760,7 @@ at::Tensor launch_staged_backward(const Staged& s, Bf16Rows<const uint16_t> g, B
   const int64_t N = 3 * s.H * s.W;
   std::vector<float> sums(s.B * N);
   float* sp = sums.data();
-  with_width(s.W, s.W, [&](auto width) {
-    constexpr int W = decltype(width)::value;
-    at::parallel_for(0, s.B, 1, [&](int64_t begin, int64_t end) {
-#if SEQREC_CPU_X86
-      if constexpr (W == 16)
-        if (cpu_has_avx512()) return staged_backward_avx512<W>(s, g, gblock, gq, sp, begin, end);
-      if (cpu_has_avx2_fma()) return staged_backward_avx2<W>(s, g, gblock, gq, sp, begin, end);
-#endif
-      staged_backward<W>(s, g, gblock, gq, sp, begin, end);
-    });
-  });
+  launch_staged<true>({s, {}, g, gblock, gq, sp});
   std::vector<double> total(N, 0.0);
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t i = 0; i < N; ++i) total[i] += sp[b * N + i];
