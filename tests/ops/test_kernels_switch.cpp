@@ -187,6 +187,13 @@ TEST(MatmulPrecision, MediumRunsFloat32ProductsOnBfloat16Operands) {
   seqrec::ops::addmm_(acc, a2, b2);
   EXPECT_TRUE(torch::equal(out, torch::mm(a2, b2)));
   EXPECT_TRUE(torch::allclose(acc, torch::mm(a2, b2) + 1));
+  // A bfloat16 input (an op's output already rounded for the product) beside float32 weights takes
+  // the bfloat16 product at any precision, returns float32, and its gradient is bfloat16.
+  auto xb = bf(x).requires_grad_();
+  const auto mixed = value_and_grads([&] { return seqrec::ops::linear(xb, w, b); }, {xb, w, b});
+  EXPECT_TRUE(torch::equal(mixed[0], torch::linear(bf(x), bf(w)).to(torch::kFloat) + b));
+  EXPECT_EQ(mixed[1].scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(mixed[2].scalar_type(), torch::kFloat);
 }
 
 // The ops whose products the models run through ATen (softmax attention, FLASH4Rec's gated
