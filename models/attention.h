@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <vector>
 
 #include "models/model.h"
 
@@ -22,6 +23,44 @@ struct AttentionContext {
   at::Tensor code_index;   // [B, L, C] their hard codeword indices (LISA)
 };
 
+// The length slices of one batch laid end to end (SequenceModel::encode_slices): slice s has
+// b_s rows of width L_s, its slots (row-major) at [offsets[s], offsets[s + 1]) of a flat
+// [N, D] residual stream, N = offsets.back().
+struct SliceLayout {
+  std::vector<AttentionContext> ctx;  // one per slice; ctx[s].key_padding is [b_s, L_s]
+  std::vector<int64_t> offsets;       // S + 1 entries
+  at::Tensor last_slots;              // [Σ b_s] int64: each row's last slot in the flat order
+  int64_t rows(size_t s) const { return ctx[s].key_padding.size(0); }
+  int64_t width(size_t s) const { return ctx[s].key_padding.size(1); }
+  // Every slice of a flat [N, ...] tensor as [b_s, L_s, ...] views. One split, not a narrow per
+  // slice: a narrow's backward fills a whole [N, ...] gradient for its slice alone, so S narrows
+  // cost S times the tensor; the split's backward joins the slices' gradients once.
+  std::vector<at::Tensor> split(const at::Tensor& flat) const {
+    std::vector<int64_t> sizes;
+    for (size_t s = 0; s < ctx.size(); ++s) sizes.push_back(offsets[s + 1] - offsets[s]);
+    auto parts = flat.split_with_sizes(sizes, 0);
+    for (size_t s = 0; s < parts.size(); ++s) {
+      std::vector<int64_t> shape{rows(s), width(s)};
+      for (int64_t d = 1; d < flat.dim(); ++d) shape.push_back(flat.size(d));
+      parts[s] = parts[s].view(shape);
+    }
+    return parts;
+  }
+  // Every slice's rows of a [Σ b_s, ...] tensor (one entry per row, as last_slots), as views.
+  std::vector<at::Tensor> split_rows(const at::Tensor& per_row) const {
+    std::vector<int64_t> sizes;
+    for (size_t s = 0; s < ctx.size(); ++s) sizes.push_back(rows(s));
+    return per_row.split_with_sizes(sizes, 0);
+  }
+  // f(s) for every slice s, concatenated along dimension 0.
+  template <class F>
+  at::Tensor each(F&& f) const {
+    std::vector<at::Tensor> out;
+    for (size_t s = 0; s < ctx.size(); ++s) out.push_back(f(s));
+    return out.size() == 1 ? out[0] : torch::cat(out);
+  }
+};
+
 class AttentionModuleImpl : public torch::nn::Module {
  public:
   // x [B, L, D] -> [B, L, D]; causal unless !ctx.causal (modules that cannot attend
@@ -31,6 +70,18 @@ class AttentionModuleImpl : public torch::nn::Module {
   // The output at the last slot only, [B, D]; variants override it to skip work.
   virtual at::Tensor forward_last(const at::Tensor& x, AttentionContext& ctx) {
     return forward(x, ctx).select(1, x.size(1) - 1);
+  }
+  // Every slice of a layout at once: x [N, D] -> [N, D], equal to forward() on each slice.
+  // Variants override it to run their projections once over all N slots; the default runs
+  // forward() per slice.
+  virtual at::Tensor forward_slices(const at::Tensor& x, SliceLayout& layout) {
+    auto xs = layout.split(x);
+    return layout.each([&](size_t s) { return forward(xs[s], layout.ctx[s]).reshape({-1, x.size(1)}); });
+  }
+  // Each row's output at its last slot, [Σ b_s, D], equal to forward_last() on each slice.
+  virtual at::Tensor forward_last_slices(const at::Tensor& x, SliceLayout& layout) {
+    auto xs = layout.split(x);
+    return layout.each([&](size_t s) { return forward_last(xs[s], layout.ctx[s]); });
   }
   // Variant-specific initialisation after the backbone's generic one (Xavier matrices, zero
   // biases), drawing from `gen` so that every rank starts identical.

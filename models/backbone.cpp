@@ -74,6 +74,27 @@ class BlockImpl : public torch::nn::Module {
     return ffn_ln_(last + position_wise_last(last, ctx));
   }
 
+  // forward() of every slice of a layout at once, x [N, D]: only attention sees the slices.
+  at::Tensor forward_slices(at::Tensor x, SliceLayout& layout) {
+    if (norm_first_) {
+      x = x + attend_slices(attn_ln_ ? attn_ln_(x) : x, layout);
+      return x + position_wise_flat(ffn_ln_(x));
+    }
+    x = attn_ln_(x + attend_slices(x, layout));
+    return ffn_ln_(x + position_wise_flat(x));
+  }
+
+  // forward_last() of every slice, [Σ b_s, D].
+  at::Tensor forward_last_slices(const at::Tensor& x, SliceLayout& layout) {
+    auto last = x.index_select(0, layout.last_slots);
+    if (norm_first_) {
+      last = last + attn_->forward_last_slices(attn_ln_ ? attn_ln_(x) : x, layout);
+      return last + position_wise_flat(ffn_ln_(last));
+    }
+    last = attn_ln_(last + attn_->forward_last_slices(x, layout));
+    return ffn_ln_(last + position_wise_flat(last));
+  }
+
   AttentionModuleImpl& attention() { return *attn_; }
   FeedForwardModuleImpl* feed_forward() { return moe_.get(); }
 
@@ -85,6 +106,16 @@ class BlockImpl : public torch::nn::Module {
   at::Tensor position_wise(const at::Tensor& x, AttentionContext& ctx) {
     SEQREC_PROFILE_SCOPE("seqrec::feed_forward");
     return moe_ ? moe_->forward(x, ctx) : ffn_(x);
+  }
+  at::Tensor attend_slices(const at::Tensor& x, SliceLayout& layout) {
+    SEQREC_PROFILE_SCOPE("seqrec::attention");
+    return attn_->forward_slices(x, layout);
+  }
+  // The dense FFN over [N, D] (slices run together only without a mixture of experts).
+  at::Tensor position_wise_flat(const at::Tensor& x) {
+    SEQREC_PROFILE_SCOPE("seqrec::feed_forward");
+    TORCH_CHECK(!moe_, "a mixture-of-experts block runs its batch whole, not as joined slices");
+    return ffn_(x);
   }
   // [B, D] at the last slot: a one-slot sequence whose padding is the last slot's.
   at::Tensor position_wise_last(const at::Tensor& last, AttentionContext& ctx) {
@@ -145,6 +176,31 @@ class TransformerRecImpl : public torch::nn::Module {
     return final_ln_(last) * keep_last;
   }
 
+  // Whether encode_slices() may run length slices together: not with an input coder (LISA's
+  // per-slice codes) nor with a mixture of experts (defined over a whole batch).
+  bool joins_slices() {
+    if (coder_) return false;
+    for (auto& b : blocks_)
+      if (b->feed_forward()) return false;
+    return true;
+  }
+
+  // SequenceModel::encode_slices: the embeddings, every position-wise layer and the final
+  // LayerNorm run once over the slices' slots laid end to end ([N, D]); attention modules get
+  // the layout and attend within each slice.
+  at::Tensor encode_slices(const std::vector<at::Tensor>& inputs, const std::vector<UserInput>& users,
+                           bool last_only) {
+    SliceLayout layout;
+    at::Tensor keep;
+    auto x = embed_slices(inputs, users, layout, keep);
+    const size_t joined = last_only ? blocks_.size() - 1 : blocks_.size();
+    for (size_t i = 0; i < joined; ++i) x = blocks_[i]->forward_slices(x, layout) * keep;
+    if (!last_only) return final_ln_(x) * keep;
+    auto keep_last = keep.index_select(0, layout.last_slots);
+    auto last = blocks_.back()->forward_last_slices(x, layout) * keep_last;
+    return final_ln_(last) * keep_last;
+  }
+
   // One online step: the new item's hidden state from its embedding and the coder's state.
   at::Tensor online_step(int64_t item, at::Tensor& state) {
     TORCH_CHECK(!is_training(), "online sessions run in evaluation mode (set_training(false))");
@@ -187,6 +243,43 @@ class TransformerRecImpl : public torch::nn::Module {
     auto x = items_(input) * std::sqrt(static_cast<double>(o_.hidden));
     if (coder_) x = coder_->encode_input(x, input, target_table(), ctx);
     if (positions_at_input_) x = x + ctx.positions.unsqueeze(0);
+    return ops::dropout(x, o_.dropout, is_training()) * keep;
+  }
+
+  // embed() for every slice at once: x [N, D] and keep [N, 1] over the slices' slots end to end,
+  // each slice's context (its padding, users and position rows) in the layout.
+  at::Tensor embed_slices(const std::vector<at::Tensor>& inputs, const std::vector<UserInput>& users,
+                          SliceLayout& layout, at::Tensor& keep) {
+    TORCH_CHECK(!inputs.empty(), "encode_slices needs at least one slice");
+    TORCH_CHECK(users.empty() || users.size() == inputs.size(), "encode_slices: ", users.size(),
+                " user inputs for ", inputs.size(), " slices");
+    std::vector<at::Tensor> ids, slots, lasts;
+    layout.offsets.assign(1, 0);
+    for (size_t s = 0; s < inputs.size(); ++s) {
+      const auto& input = inputs[s];
+      TORCH_CHECK(input.dim() == 2 && input.scalar_type() == at::kLong, "slice ", s, " must be [B, L] int64, got ",
+                  input.sizes(), " ", input.scalar_type());
+      const int64_t B = input.size(0), L = input.size(1);
+      TORCH_CHECK(L <= o_.max_len, "slice ", s, ": input length ", L, " exceeds max_len ", o_.max_len);
+      AttentionContext ctx;
+      ctx.key_padding = input.eq(0);
+      ctx.causal = !bidirectional(o_);
+      if (!users.empty()) ctx.users = users[s];
+      if (users_) ctx.user = users_->forward(ctx.users, B, input.device());
+      auto slot = torch::arange(o_.max_len - L, o_.max_len, input.options());  // right-aligned, as in embed()
+      if (positions_at_input_) slots.push_back(slot.repeat({B}));
+      else ctx.positions = positions_(slot);
+      ids.push_back(input.reshape({-1}));
+      const int64_t start = layout.offsets.back();
+      lasts.push_back(torch::arange(1, B + 1, input.options()).mul_(L).add_(start - 1));
+      layout.offsets.push_back(start + B * L);
+      layout.ctx.push_back(std::move(ctx));
+    }
+    auto flat = layout.each([&](size_t s) { return ids[s]; });
+    layout.last_slots = layout.each([&](size_t s) { return lasts[s]; });
+    keep = flat.ne(0).unsqueeze(-1).to(items_->weight.scalar_type());
+    auto x = items_(flat) * std::sqrt(static_cast<double>(o_.hidden));
+    if (positions_at_input_) x = x + positions_(layout.each([&](size_t s) { return slots[s]; }));
     return ops::dropout(x, o_.dropout, is_training()) * keep;
   }
 
@@ -262,6 +355,11 @@ class BackboneModel : public SequenceModel {
   at::Tensor encode_last(const at::Tensor& input, const UserInput& users = {}) override {
     return net_->encode_last(input, users);
   }
+  at::Tensor encode_slices(const std::vector<at::Tensor>& inputs, const std::vector<UserInput>& users,
+                           bool last_only) override {
+    if (!net_->joins_slices()) return SequenceModel::encode_slices(inputs, users, last_only);
+    return net_->encode_slices(inputs, users, last_only);
+  }
   at::Tensor item_embeddings() override { return net_->item_embeddings(); }
   NamedTensors named_parameters() override {
     NamedTensors out;
@@ -334,18 +432,26 @@ at::Tensor apply_linear(const torch::nn::Linear& layer, const at::Tensor& x) {
   return ops::linear(x, layer->weight, layer->bias);
 }
 
-LastSlotProjection project_for_last_slot(const torch::nn::Linear& qkv, const at::Tensor& x) {
-  const int64_t L = x.size(1), D = x.size(2);
+LastSlotProjection project_for_last_slot(const torch::nn::Linear& qkv, const at::Tensor& last, const at::Tensor& all) {
+  const int64_t D = all.size(-1);
   const auto &w = qkv->weight, &b = qkv->bias;
-  return {ops::linear(x.select(1, L - 1), w.narrow(0, 0, D), b.narrow(0, 0, D)),
-          ops::linear(x, w.narrow(0, D, 2 * D), b.narrow(0, D, 2 * D))};
+  return {ops::linear(last, w.narrow(0, 0, D), b.narrow(0, 0, D)),
+          ops::linear(all, w.narrow(0, D, 2 * D), b.narrow(0, D, 2 * D))};
+}
+
+LastSlotProjection project_for_last_slot(const torch::nn::Linear& qkv, const at::Tensor& x) {
+  return project_for_last_slot(qkv, x.select(1, x.size(1) - 1), x);
+}
+
+LastSlotProducts last_slot_products_bf16(const torch::nn::Linear& qkv, const at::Tensor& last, const at::Tensor& all) {
+  const int64_t D = all.size(-1);
+  const auto &w = qkv->weight, &b = qkv->bias;
+  return {ops::product_bf16(last, w.narrow(0, 0, D)), b.narrow(0, 0, D),
+          ops::product_bf16(all, w.narrow(0, D, 2 * D)), b.narrow(0, D, 2 * D)};
 }
 
 LastSlotProducts last_slot_products_bf16(const torch::nn::Linear& qkv, const at::Tensor& x) {
-  const int64_t L = x.size(1), D = x.size(2);
-  const auto &w = qkv->weight, &b = qkv->bias;
-  return {ops::product_bf16(x.select(1, L - 1), w.narrow(0, 0, D)), b.narrow(0, 0, D),
-          ops::product_bf16(x, w.narrow(0, D, 2 * D)), b.narrow(0, D, 2 * D)};
+  return last_slot_products_bf16(qkv, x.select(1, x.size(1) - 1), x);
 }
 
 std::unique_ptr<SequenceModel> make_backbone_model(const ModelOptions& options, BackboneSpec spec) {

@@ -46,6 +46,9 @@ struct LastSlotProjection {
   at::Tensor query, keys_values;
 };
 LastSlotProjection project_for_last_slot(const torch::nn::Linear& qkv, const at::Tensor& x);
+// The same for joined slices (SliceLayout): queries from `last` [R, D] (each row's last slot),
+// keys and values from `all` [N, D].
+LastSlotProjection project_for_last_slot(const torch::nn::Linear& qkv, const at::Tensor& last, const at::Tensor& all);
 
 // The same two products where ops::bf16_products(x) holds, in bfloat16 before their biases
 // (ops::product_bf16), with the biases [D] and [2·D] beside them: for an attention op that adds
@@ -54,6 +57,7 @@ struct LastSlotProducts {
   at::Tensor query, query_bias, keys_values, keys_values_bias;
 };
 LastSlotProducts last_slot_products_bf16(const torch::nn::Linear& qkv, const at::Tensor& x);
+LastSlotProducts last_slot_products_bf16(const torch::nn::Linear& qkv, const at::Tensor& last, const at::Tensor& all);
 
 // A Linear layer applied to x in the run's `--matmul_precision` (ops/products.h): the models'
 // layers call this, not the layer's forward.

@@ -335,6 +335,24 @@ void SequenceModel::to(const at::Device& device) {
     throw std::invalid_argument("model '" + options().model + "' cannot move to " + device.str());
 }
 
+at::Tensor SequenceModel::encode_slices(const std::vector<at::Tensor>& inputs, const std::vector<UserInput>& users,
+                                        bool last_only) {
+  TORCH_CHECK(!inputs.empty(), "encode_slices needs at least one slice");
+  TORCH_CHECK(users.empty() || users.size() == inputs.size(), "encode_slices: ", users.size(), " user inputs for ",
+              inputs.size(), " slices");
+  std::vector<at::Tensor> parts;
+  for (size_t s = 0; s < inputs.size(); ++s) {
+    const UserInput u = users.empty() ? UserInput{} : users[s];
+    if (last_only) {
+      parts.push_back(encode_last(inputs[s], u));
+    } else {
+      auto h = encode(inputs[s], u);
+      parts.push_back(h.reshape({-1, h.size(-1)}));
+    }
+  }
+  return parts.size() == 1 ? parts[0] : torch::cat(parts);
+}
+
 std::unique_ptr<OnlineSession> SequenceModel::online_session() {
   throw std::invalid_argument("model '" + options().model + "' has no constant-size online state");
 }

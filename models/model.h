@@ -164,6 +164,14 @@ class SequenceModel {
   virtual at::Tensor encode_last(const at::Tensor& input, const UserInput& users = {}) {
     return encode(input, users).select(1, input.size(1) - 1);
   }
+  // Several length slices of one batch in one call: inputs[s] [b_s, L_s] (left-padded, as for
+  // encode), users[s] their rows' users (empty, or one entry per slice). Returns each slice's
+  // encode() output flattened to [b_s·L_s, D] and laid end to end, [Σ b_s·L_s, D]; with last_only
+  // each slice's encode_last(), [Σ b_s, D]. Equal to running the slices one by one (in training:
+  // the same gradients, dropout drawn from the same distribution), which the default does; the
+  // backbone runs its position-wise layers and projections once over every slice's slots.
+  virtual at::Tensor encode_slices(const std::vector<at::Tensor>& inputs, const std::vector<UserInput>& users,
+                                   bool last_only);
   // [num_items + 1, D] output item representations that hidden states are scored against
   // (never the cloze [mask] row).
   virtual at::Tensor item_embeddings() = 0;

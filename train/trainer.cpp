@@ -188,6 +188,18 @@ struct Targets {
   at::Tensor h, pos, neg;
 };
 
+// The encoded slots h [S, D] whose target slot_pos [S] is an item, with their targets (and
+// negatives slot_neg [S] under bce).
+Targets targets_of(const at::Tensor& h, const at::Tensor& slot_pos, const at::Tensor& slot_neg,
+                   const std::string& kind) {
+  // The target slots in row-major order, found once: each boolean-mask index would find them
+  // again, and on a GPU every search is a wait for the device.
+  auto at_targets = slot_pos.ne(0).nonzero().view({-1});
+  Targets t{h.index_select(0, at_targets), slot_pos.index_select(0, at_targets), {}};
+  if (kind == "bce") t.neg = slot_neg.index_select(0, at_targets);
+  return t;
+}
+
 Targets encode_targets(models::SequenceModel& model, const at::Tensor& input, const models::UserInput& users,
                        const at::Tensor& pos, const at::Tensor& neg, const std::string& kind, bool last_only) {
   at::Tensor h, slot_pos, slot_neg;  // [S, D], [S], [S]: the encoded slots and their targets
@@ -202,12 +214,7 @@ Targets encode_targets(models::SequenceModel& model, const at::Tensor& input, co
     slot_pos = pos.reshape({-1});
     slot_neg = neg.reshape({-1});
   }
-  // The target slots in row-major order, found once: each boolean-mask index would find them
-  // again, and on a GPU every search is a wait for the device.
-  auto at_targets = slot_pos.ne(0).nonzero().view({-1});
-  Targets t{h.index_select(0, at_targets), slot_pos.index_select(0, at_targets), {}};
-  if (kind == "bce") t.neg = slot_neg.index_select(0, at_targets);
-  return t;
+  return targets_of(h, slot_pos, slot_neg, kind);
 }
 
 // Loss summed over the targets (the caller normalises by the global target count).
@@ -229,7 +236,9 @@ at::Tensor targets_loss_sum(const Targets& t, const at::Tensor& table, const std
 // counted from the right, so dropping a slice's common padding changes nothing but the
 // work: on ML-1M at max_len 200 almost half of all slots are padding. The slices' targets are
 // then scored together, in one loss over the batch: the item table takes one gradient from the
-// loss per step, not one per slice to be summed. Under --loss ce the softmax probabilities are
+// loss per step, not one per slice to be summed. The model encodes the slices in one call
+// (SequenceModel::encode_slices: the backbone runs its position-wise layers once over every
+// slice's slots, so a slice costs only its attention). Under --loss ce the softmax probabilities are
 // kept for the backward only if they fit in softmax_keep_bytes; `targets` is the batch's
 // target count.
 at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b, const models::UserInput& users,
@@ -252,21 +261,22 @@ at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b,
   // Widths from the inputs: under the cloze objective only the masked slots are targets.
   const auto cut = ops::slice_by_length(b.input.ne(0).sum(1), groups);
   if (cut.slices.empty()) return at::Tensor();
-  std::vector<at::Tensor> hs, poss, negs;
+  std::vector<at::Tensor> inputs, poss, negs;
+  std::vector<models::UserInput> slice_users;
   for (const auto& slice : cut.slices) {
     auto cols = [&](const at::Tensor& t) { return ops::take_slice(t, slice, 1); };
     models::UserInput u;
     if (users.ids.defined()) u.ids = users.ids.index_select(0, slice.rows);
     if (users.features.defined()) u.features = users.features.index_select(0, slice.rows);
-    auto t = encode_targets(model, cols(b.input), u, cols(b.pos), cols(b.neg), kind, last_only);
-    hs.push_back(t.h);
-    poss.push_back(t.pos);
-    if (t.neg.defined()) negs.push_back(t.neg);
+    slice_users.push_back(u);
+    inputs.push_back(cols(b.input));
+    // The encoded slots' targets in encode_slices' order: each row's last slot, or every slot.
+    auto flat = [&](const at::Tensor& t) { return last_only ? cols(t).select(1, slice.width - 1) : cols(t).reshape({-1}); };
+    poss.push_back(flat(b.pos));
+    negs.push_back(flat(b.neg));
   }
-  auto join = [](const std::vector<at::Tensor>& parts) {
-    return parts.empty() ? at::Tensor() : parts.size() == 1 ? parts[0] : torch::cat(parts);
-  };
-  const Targets all{join(hs), join(poss), join(negs)};
+  auto join = [](const std::vector<at::Tensor>& parts) { return parts.size() == 1 ? parts[0] : torch::cat(parts); };
+  const auto all = targets_of(model.encode_slices(inputs, slice_users, last_only), join(poss), join(negs), kind);
   auto total = targets_loss_sum(all, table, kind, softmax_keep_bytes);
   // Model-side terms (LISA's inputs-optimize loss), summed over the same items.
   auto aux = model.take_auxiliary_loss();

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <optional>
 #include <set>
 
 #include <string>
@@ -173,6 +174,93 @@ TEST_P(ModelContract, EncodeLastTrainsAsTheLastSlotOfEncode) {
   EXPECT_EQ(draws_after(false), draws_after(true)) << "encode_last drew a different number of dropout calls";
 }
 
+// --matmul_precision medium for a scope.
+struct Medium {
+  Medium() { seqrec::ops::set_matmul_precision("medium"); }
+  ~Medium() { seqrec::ops::set_matmul_precision("highest"); }
+};
+
+// Whether t's autograd graph holds a node whose name contains `name`, and how many.
+int64_t graph_count(const at::Tensor& t, const std::string& name) {
+  std::set<torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> todo{t.grad_fn().get()};
+  int64_t count = 0;
+  while (!todo.empty()) {
+    auto* n = todo.back();
+    todo.pop_back();
+    if (!n || !seen.insert(n).second) continue;
+    if (n->name().find(name) != std::string::npos) ++count;
+    for (const auto& e : n->next_edges()) todo.push_back(e.function.get());
+  }
+  return count;
+}
+bool graph_has(const at::Tensor& t, const std::string& name) { return graph_count(t, name) > 0; }
+
+// The trainer's length slices in one call: encode_slices must give each slice's encode()
+// (flattened) or encode_last(), laid end to end, with the same parameter gradients, whether the
+// model joins the slices (the backbone's embeddings and position-wise layers once over every
+// slot) or runs them one by one.
+TEST_P(ModelContract, EncodeSlicesEqualsEachSliceAlone) {
+  auto o = options(GetParam());
+  o.topk_dropout = 0;  // joined, the slices draw their random masks in another order
+  const std::vector<at::Tensor> inputs{torch::cat({seq(long_items(70, 3), 70), seq(long_items(66, 5), 70)}),
+                                       torch::cat({seq({3, 7, 1, 9}, 9), seq({5, 2, 8, 4, 4, 6, 1, 2, 3}, 9),
+                                                   seq({5}, 9)}),
+                                       seq({4, 2}, 2)};
+  auto m = make_model(o);
+  m->set_training(true);
+  // At medium, SASRec and LinRec join their bfloat16 products (LinRec's attention reads them).
+  for (const bool medium : {false, true})
+  for (const bool last_only : {false, true}) {
+    std::optional<Medium> precision;
+    if (medium) precision.emplace();
+    auto run = [&](bool joined) {
+      torch::manual_seed(3);  // the same gating noise (FLASH4Rec's mixture of experts) both times
+      for (auto& [name, p] : m->named_parameters()) p.mutable_grad() = at::Tensor();
+      at::Tensor h;
+      if (joined) {
+        h = m->encode_slices(inputs, {}, last_only);
+      } else {
+        std::vector<at::Tensor> parts;
+        for (auto& in : inputs) parts.push_back(last_only ? m->encode_last(in) : m->encode(in).reshape({-1, o.hidden}));
+        h = torch::cat(parts);
+      }
+      m->take_auxiliary_loss();
+      const int64_t embeddings = graph_count(h, "EmbeddingBackward");
+      (h * torch::linspace(-1, 1, h.numel()).view(h.sizes())).sum().backward();
+      std::vector<at::Tensor> g;
+      for (auto& [name, p] : m->named_parameters())
+        g.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+      return std::make_tuple(h.detach(), g, embeddings);
+    };
+    const auto [alone_h, alone_g, alone_embeddings] = run(false);
+    const auto [joined_h, joined_g, joined_embeddings] = run(true);
+    const std::string where = std::string(medium ? "medium" : "highest") + (last_only ? ", last only" : ", every slot");
+    ASSERT_EQ(joined_h.sizes(), alone_h.sizes()) << where;
+    EXPECT_TRUE(torch::allclose(joined_h, alone_h, medium ? 1e-3 : 1e-5, medium ? 1e-3 : 1e-5)) << where << ": " << (joined_h - alone_h).abs().max();
+    // At medium a weight's gradient is a bfloat16 product, rounded once joined and once per
+    // slice alone (then summed): they agree to bfloat16's rounding.
+    auto names = m->named_parameters();
+    for (size_t i = 0; i < alone_g.size(); ++i) {
+      if (medium) {
+        // (A few gradients are zero but for rounding, LightSANs' key-position bias's: a floor.)
+        const double scale = std::max(alone_g[i].norm().item<double>(), 1e-2);
+        EXPECT_LT((joined_g[i] - alone_g[i]).norm().item<double>(), 2e-2 * scale) << where << ", " << names[i].first;
+      } else {
+        EXPECT_TRUE(torch::allclose(joined_g[i], alone_g[i], 1e-4, 1e-5))
+            << where << ", " << names[i].first << ": " << (joined_g[i] - alone_g[i]).abs().max();
+      }
+    }
+    // SASRec and LinRec join the slices: one lookup of the item table and one of the position
+    // table for all three, where slice by slice there is a pair per slice.
+    const auto& name = GetParam().name;
+    if (name.rfind("sasrec", 0) == 0 || name.rfind("linrec", 0) == 0) {
+      EXPECT_EQ(alone_embeddings, 6);
+      EXPECT_EQ(joined_embeddings, 2) << "the slices were not joined";
+    }
+  }
+}
+
 TEST_P(ModelContract, EveryParameterGetsAGradient) {
   auto o = options(GetParam());
   o.dropout = 0.1;
@@ -193,25 +281,6 @@ TEST_P(ModelContract, EveryParameterGetsAGradient) {
 
 // --matmul_precision medium reaches every variant's layers: its outputs move by bfloat16's
 // rounding and no more, and every parameter still gets a finite float32 gradient.
-// --matmul_precision medium for a scope.
-struct Medium {
-  Medium() { seqrec::ops::set_matmul_precision("medium"); }
-  ~Medium() { seqrec::ops::set_matmul_precision("highest"); }
-};
-
-// Whether t's autograd graph holds a node whose name contains `name`.
-bool graph_has(const at::Tensor& t, const std::string& name) {
-  std::set<torch::autograd::Node*> seen;
-  std::vector<torch::autograd::Node*> todo{t.grad_fn().get()};
-  while (!todo.empty()) {
-    auto* n = todo.back();
-    todo.pop_back();
-    if (!n || !seen.insert(n).second) continue;
-    if (n->name().find(name) != std::string::npos) return true;
-    for (const auto& e : n->next_edges()) todo.push_back(e.function.get());
-  }
-  return false;
-}
 
 TEST_P(ModelContract, MediumPrecisionRoundsTheProductsAndStillTrains) {
   auto m = make_model(options(GetParam()));
