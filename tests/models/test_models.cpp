@@ -645,4 +645,41 @@ TEST(Flash4rec, UserFeaturesReachTheGate) {
   expect_invalid(o, "the dataset has no user features", "features on a dataset without them");
 }
 
+// Joined slices carry each slice's users to the gate: a dense FLASH4Rec (no mixture of experts,
+// so its slices join) gives each slice's own encode() with that slice's users.
+TEST(Flash4rec, JoinedSlicesCarryEachSlicesUsers) {
+  ModelOptions o;
+  o.model = "flash4rec";
+  o.num_items = 30;
+  o.max_len = 12;
+  o.hidden = 8;
+  o.dropout = 0;
+  o.topk_dropout = 0;
+  o.moe_experts = 0;
+  o.user_feature_cardinalities = {2, 3};
+  auto m = make_model(o);
+  m->set_training(false);
+  torch::NoGradGuard g;
+  const std::vector<at::Tensor> inputs{torch::cat({seq({3, 5, 7}, 3), seq({4, 6, 2}, 3)}), seq({4, 6}, 2)};
+  std::vector<UserInput> users{{torch::tensor({0, 1}), torch::tensor({{1, 2}, {2, 3}})},
+                               {torch::tensor({2}), torch::tensor({{2, 1}})}};
+  for (const bool last_only : {false, true}) {
+    auto alone = [&](size_t s) {
+      return last_only ? m->encode_last(inputs[s], users[s]) : m->encode(inputs[s], users[s]).reshape({-1, o.hidden});
+    };
+    const auto joined = m->encode_slices(inputs, users, last_only);
+    const auto expected = torch::cat({alone(0), alone(1)});
+    EXPECT_TRUE(torch::allclose(joined, expected, 1e-5, 1e-5)) << (joined - expected).abs().max();
+    const int64_t first = last_only ? 2 : 6;  // the first slice's encoded slots
+    auto changed_users = users;
+    changed_users[1].features = torch::tensor({{1, 1}});
+    const auto changed = m->encode_slices(inputs, changed_users, last_only);
+    EXPECT_TRUE(torch::equal(changed.narrow(0, 0, first), joined.narrow(0, 0, first)));
+    EXPECT_FALSE(torch::allclose(changed.narrow(0, first, changed.size(0) - first),
+                                 joined.narrow(0, first, joined.size(0) - first)))
+        << "the second slice's user features did not reach its gate";
+  }
+  EXPECT_THROW(m->encode_slices(inputs, {users[0]}, false), c10::Error);
+}
+
 }  // namespace
