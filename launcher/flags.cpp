@@ -142,9 +142,10 @@ DEFINE_bool(final_test, true, "evaluate the validation-selected model on the tes
 DEFINE_double(log_every, 10, "seconds between progress lines");
 DEFINE_int64(length_groups, 0,
              "run each batch as this many length-sorted slices, each trimmed to its longest row (same result, "
-             "less padding work; with --moe_experts the batch runs whole and only the gated attention unit "
-             "slices it); 0 = 8 on the CPU, 1 on a CUDA device (where each slice's launches cost more than "
-             "the padding saves)");
+             "less padding work; the slices share one forward, where only attention runs per slice, except "
+             "LISA's, which run one by one; with --moe_experts the batch runs whole and only the gated "
+             "attention unit slices it); 0 = 8 on the CPU, 1 on a CUDA device (where each slice's launches "
+             "cost more than the padding saves)");
 DEFINE_int64(softmax_keep_mib, 256,
              "--loss ce: keep a batch's softmax probabilities from the forward for the backward when they fit in "
              "this many MiB (one [targets x items] product fewer, about 5% off a FLASH4Rec step on ML-1M, for up "
