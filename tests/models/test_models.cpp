@@ -617,15 +617,21 @@ TEST(LastObjective, CausalMaskKeepsEveryModelCausal) {
 
 // FLASH4Rec's user-aware gate: the rows' user features change the output (and the item-only gate
 // ignores them); a batch without the features the model was built for is refused by name.
-TEST(Flash4rec, UserFeaturesReachTheGate) {
+// A small FLASH4Rec whose gate reads two user features (cardinalities 2 and 3), without dropout.
+ModelOptions flash4rec_with_features(int64_t experts) {
   ModelOptions o;
   o.model = "flash4rec";
   o.num_items = 30;
   o.max_len = 12;
   o.hidden = 8;
   o.dropout = 0;
-  o.moe_experts = 2;
+  o.moe_experts = experts;
   o.user_feature_cardinalities = {2, 3};
+  return o;
+}
+
+TEST(Flash4rec, UserFeaturesReachTheGate) {
+  auto o = flash4rec_with_features(2);
   auto m = make_model(o);
   m->set_training(false);
   torch::NoGradGuard g;
@@ -648,15 +654,8 @@ TEST(Flash4rec, UserFeaturesReachTheGate) {
 // Joined slices carry each slice's users to the gate: a dense FLASH4Rec (no mixture of experts,
 // so its slices join) gives each slice's own encode() with that slice's users.
 TEST(Flash4rec, JoinedSlicesCarryEachSlicesUsers) {
-  ModelOptions o;
-  o.model = "flash4rec";
-  o.num_items = 30;
-  o.max_len = 12;
-  o.hidden = 8;
-  o.dropout = 0;
+  auto o = flash4rec_with_features(0);
   o.topk_dropout = 0;
-  o.moe_experts = 0;
-  o.user_feature_cardinalities = {2, 3};
   auto m = make_model(o);
   m->set_training(false);
   torch::NoGradGuard g;
