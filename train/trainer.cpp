@@ -271,11 +271,15 @@ at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b,
     slice_users.push_back(u);
     inputs.push_back(cols(b.input));
     // The encoded slots' targets in encode_slices' order: each row's last slot, or every slot.
-    auto flat = [&](const at::Tensor& t) { return last_only ? cols(t).select(1, slice.width - 1) : cols(t).reshape({-1}); };
+    auto flat = [&](const at::Tensor& t) {
+      return last_only ? cols(t).select(1, slice.width - 1) : cols(t).reshape({-1});
+    };
     poss.push_back(flat(b.pos));
-    negs.push_back(flat(b.neg));
+    if (kind == "bce") negs.push_back(flat(b.neg));  // negatives are read under bce alone
   }
-  auto join = [](const std::vector<at::Tensor>& parts) { return parts.size() == 1 ? parts[0] : torch::cat(parts); };
+  auto join = [](const std::vector<at::Tensor>& parts) {
+    return parts.empty() ? at::Tensor() : parts.size() == 1 ? parts[0] : torch::cat(parts);
+  };
   const auto all = targets_of(model.encode_slices(inputs, slice_users, last_only), join(poss), join(negs), kind);
   auto total = targets_loss_sum(all, table, kind, softmax_keep_bytes);
   // Model-side terms (LISA's inputs-optimize loss), summed over the same items.
