@@ -250,9 +250,7 @@ class TransformerRecImpl : public torch::nn::Module {
   // each slice's context (its padding, users and position rows) in the layout.
   at::Tensor embed_slices(const std::vector<at::Tensor>& inputs, const std::vector<UserInput>& users,
                           SliceLayout& layout, at::Tensor& keep) {
-    TORCH_CHECK(!inputs.empty(), "encode_slices needs at least one slice");
-    TORCH_CHECK(users.empty() || users.size() == inputs.size(), "encode_slices: ", users.size(),
-                " user inputs for ", inputs.size(), " slices");
+    check_slices(inputs, users);
     std::vector<at::Tensor> ids, slots, lasts;
     layout.offsets.assign(1, 0);
     for (size_t s = 0; s < inputs.size(); ++s) {

@@ -335,11 +335,15 @@ void SequenceModel::to(const at::Device& device) {
     throw std::invalid_argument("model '" + options().model + "' cannot move to " + device.str());
 }
 
-at::Tensor SequenceModel::encode_slices(const std::vector<at::Tensor>& inputs, const std::vector<UserInput>& users,
-                                        bool last_only) {
+void check_slices(const std::vector<at::Tensor>& inputs, const std::vector<UserInput>& users) {
   TORCH_CHECK(!inputs.empty(), "encode_slices needs at least one slice");
   TORCH_CHECK(users.empty() || users.size() == inputs.size(), "encode_slices: ", users.size(), " user inputs for ",
               inputs.size(), " slices");
+}
+
+at::Tensor SequenceModel::encode_slices(const std::vector<at::Tensor>& inputs, const std::vector<UserInput>& users,
+                                        bool last_only) {
+  check_slices(inputs, users);
   std::vector<at::Tensor> parts;
   for (size_t s = 0; s < inputs.size(); ++s) {
     const UserInput u = users.empty() ? UserInput{} : users[s];

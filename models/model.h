@@ -137,6 +137,10 @@ struct UserInput {
   at::Tensor features;  // [B, F] int64 feature codes (1..cardinality, 0 = unknown); undefined when none
 };
 
+// SequenceModel::encode_slices' arguments: at least one slice, and users empty or one entry per
+// slice; throws c10::Error naming the mismatch.
+void check_slices(const std::vector<at::Tensor>& inputs, const std::vector<UserInput>& users);
+
 // The id of the cloze objective's [mask] item.
 inline int64_t mask_item(const ModelOptions& o) { return o.num_items + 1; }
 
