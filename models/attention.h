@@ -57,7 +57,7 @@ struct SliceLayout {
   at::Tensor each(F&& f) const {
     std::vector<at::Tensor> out;
     for (size_t s = 0; s < ctx.size(); ++s) out.push_back(f(s));
-    return out.size() == 1 ? out[0] : torch::cat(out);
+    return cat_rows(out);
   }
 };
 

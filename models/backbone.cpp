@@ -273,11 +273,11 @@ class TransformerRecImpl : public torch::nn::Module {
       layout.offsets.push_back(start + B * L);
       layout.ctx.push_back(std::move(ctx));
     }
-    auto flat = layout.each([&](size_t s) { return ids[s]; });
-    layout.last_slots = layout.each([&](size_t s) { return lasts[s]; });
+    auto flat = cat_rows(ids);
+    layout.last_slots = cat_rows(lasts);
     keep = flat.ne(0).unsqueeze(-1).to(items_->weight.scalar_type());
     auto x = items_(flat) * std::sqrt(static_cast<double>(o_.hidden));
-    if (positions_at_input_) x = x + positions_(layout.each([&](size_t s) { return slots[s]; }));
+    if (positions_at_input_) x = x + positions_(cat_rows(slots));
     return ops::dropout(x, o_.dropout, is_training()) * keep;
   }
 

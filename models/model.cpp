@@ -354,7 +354,11 @@ at::Tensor SequenceModel::encode_slices(const std::vector<at::Tensor>& inputs, c
       parts.push_back(h.reshape({-1, h.size(-1)}));
     }
   }
-  return parts.size() == 1 ? parts[0] : torch::cat(parts);
+  return cat_rows(parts);
+}
+
+at::Tensor cat_rows(const std::vector<at::Tensor>& parts) {
+  return parts.empty() ? at::Tensor() : parts.size() == 1 ? parts[0] : torch::cat(parts);
 }
 
 std::unique_ptr<OnlineSession> SequenceModel::online_session() {

@@ -141,6 +141,10 @@ struct UserInput {
 // slice; throws c10::Error naming the mismatch.
 void check_slices(const std::vector<at::Tensor>& inputs, const std::vector<UserInput>& users);
 
+// Parts joined along dimension 0, as encode_slices joins its slices: the one part itself (no
+// copy), an undefined tensor for none.
+at::Tensor cat_rows(const std::vector<at::Tensor>& parts);
+
 // The id of the cloze objective's [mask] item.
 inline int64_t mask_item(const ModelOptions& o) { return o.num_items + 1; }
 

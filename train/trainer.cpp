@@ -277,10 +277,8 @@ at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b,
     poss.push_back(flat(b.pos));
     if (kind == "bce") negs.push_back(flat(b.neg));  // negatives are read under bce alone
   }
-  auto join = [](const std::vector<at::Tensor>& parts) {
-    return parts.empty() ? at::Tensor() : parts.size() == 1 ? parts[0] : torch::cat(parts);
-  };
-  const auto all = targets_of(model.encode_slices(inputs, slice_users, last_only), join(poss), join(negs), kind);
+  const auto all = targets_of(model.encode_slices(inputs, slice_users, last_only), models::cat_rows(poss),
+                              models::cat_rows(negs), kind);
   auto total = targets_loss_sum(all, table, kind, softmax_keep_bytes);
   // Model-side terms (LISA's inputs-optimize loss), summed over the same items.
   auto aux = model.take_auxiliary_loss();
