@@ -503,31 +503,39 @@ at::Device run_device(const std::string& text, const dist::Comm& comm) {
 
 }  // namespace
 
-// The run proper, once the run directory is this invocation's (run_training below).
-static TrainSummary train_run(const TrainOptions& o, const io::DatasetMeta& meta, const at::Device& device,
-                              dist::Comm& comm, RunLog& log) {
-  const int rank = comm.rank(), world = comm.size();
-  const DivergeFault fault = diverge_fault_from_env();
-
-  const io::UserSequences seqs = io::load_shards(o.data, meta, rank, world);
+// The model's options with the dataset's values (items, users, user features), validated, and
+// the expert-parallel layout checked against the world size: what the flags get wrong fails
+// here, before run_training makes the run directory.
+static models::ModelOptions checked_model_options(const TrainOptions& o, const io::DatasetMeta& meta, int world) {
   models::ModelOptions mo = o.model;
   mo.num_items = meta.num_items;
   mo.num_users = meta.num_users;
   mo.user_feature_cardinalities = meta.user_feature_cardinalities;
   mo.max_len = o.loader.max_len;
-
-  Layout layout;
+  models::validate(mo);
   const int P = o.expert_parallel;
-  const bool moe = mo.model == "flash4rec" && mo.moe_experts > 0;
   if (P < 1 || world % P != 0)
     throw std::invalid_argument("--expert_parallel " + std::to_string(P) + " must divide the number of ranks (" +
                                 std::to_string(world) + ")");
-  if (P > 1 && !moe)
+  if (P > 1 && !(mo.model == "flash4rec" && mo.moe_experts > 0))
     throw std::invalid_argument("--expert_parallel needs a mixture-of-experts model (--model flash4rec with "
                                 "--moe_experts > 0)");
   if (P > 1 && mo.moe_experts % P != 0)
     throw std::invalid_argument("--moe_experts " + std::to_string(mo.moe_experts) +
                                 " is not divisible by --expert_parallel " + std::to_string(P));
+  return mo;
+}
+
+// The run proper, once the run directory is this invocation's (run_training below).
+static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions& mo, const io::DatasetMeta& meta,
+                              const at::Device& device, dist::Comm& comm, RunLog& log) {
+  const int rank = comm.rank(), world = comm.size();
+  const DivergeFault fault = diverge_fault_from_env();
+
+  const io::UserSequences seqs = io::load_shards(o.data, meta, rank, world);
+  Layout layout;
+  const int P = o.expert_parallel;
+  const bool moe = mo.model == "flash4rec" && mo.moe_experts > 0;
   const int64_t length_groups = o.length_groups > 0 ? o.length_groups : device.is_cpu() ? 8 : 1;
   models::ModelRuntime runtime;
   // The loss slices batches by length for every model but a mixture of experts, which runs
@@ -973,6 +981,7 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   // not at the first validation).
   const io::DatasetMeta meta = io::read_meta(o.data);
   check_protocol(o.select_protocol, meta);
+  const models::ModelOptions mo = checked_model_options(o, meta, comm.size());
   const at::Device device = run_device(o.device, comm);  // fails before anything is written
   // A directory that holds a run's checkpoints belongs to that run: without --resume nothing
   // in it is touched, flags.txt and train.log included.
@@ -1001,7 +1010,7 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   // From here on the directory is this run's: what ends it early is also written to its log,
   // where `seqrec info RUN` finds it.
   try {
-    return train_run(o, meta, device, comm, log);
+    return train_run(o, mo, meta, device, comm, log);
   } catch (const std::exception& e) {
     log.record("[error] ", e.what());
     throw;

@@ -668,6 +668,9 @@ TEST_F(Cli, InvalidFlagsGetAClearErrorAndExitCode) {
     EXPECT_TRUE(contains(r.output, c.expect)) << c.args << "\n" << r.output;
   }
   EXPECT_FALSE(fs::exists(dir("never")));
+  // Flags that only the dataset or the world size can judge (user features, --expert_parallel)
+  // fail before the run directory is made, as the others do.
+  EXPECT_FALSE(fs::exists(dir("flags"))) << "a rejected flag left a run directory behind";
 }
 
 // --profile_steps: the chosen training steps run under Torch's profiler; rank 0 logs the largest

@@ -236,6 +236,7 @@ TEST_F(CliMpi, ExpertParallelRunsResumeAtOtherLayouts) {
                          120);
   EXPECT_NE(bad.code, 0);
   EXPECT_TRUE(contains(bad.output, "--moe_experts 3 is not divisible by --expert_parallel 2")) << bad.output;
+  EXPECT_FALSE(fs::exists(dir("ep-bad"))) << "the rejected layout left a run directory behind";
 }
 
 // Where no CUDA device is usable, several ranks asking for one are refused on every rank, with
