@@ -148,6 +148,10 @@ at::Tensor cat_rows(const std::vector<at::Tensor>& parts);
 // The id of the cloze objective's [mask] item.
 inline int64_t mask_item(const ModelOptions& o) { return o.num_items + 1; }
 
+// Whether the model has mixture-of-experts layers (FLASH4Rec with --moe_experts > 0), the only
+// layers --expert_parallel spreads over ranks.
+inline bool has_moe(const ModelOptions& o) { return o.model == "flash4rec" && o.moe_experts > 0; }
+
 // Incremental scoring of one user's growing history (LISA's online inference, §4.8): the state
 // is O(codebooks x codewords) whatever the history length, and each push costs the same.
 class OnlineSession {

@@ -517,7 +517,7 @@ static models::ModelOptions checked_model_options(const TrainOptions& o, const i
   if (P < 1 || world % P != 0)
     throw std::invalid_argument("--expert_parallel " + std::to_string(P) + " must divide the number of ranks (" +
                                 std::to_string(world) + ")");
-  if (P > 1 && !(mo.model == "flash4rec" && mo.moe_experts > 0))
+  if (P > 1 && !models::has_moe(mo))
     throw std::invalid_argument("--expert_parallel needs a mixture-of-experts model (--model flash4rec with "
                                 "--moe_experts > 0)");
   if (P > 1 && mo.moe_experts % P != 0)
@@ -535,7 +535,7 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
   const io::UserSequences seqs = io::load_shards(o.data, meta, rank, world);
   Layout layout;
   const int P = o.expert_parallel;
-  const bool moe = mo.model == "flash4rec" && mo.moe_experts > 0;
+  const bool moe = models::has_moe(mo);
   const int64_t length_groups = o.length_groups > 0 ? o.length_groups : device.is_cpu() ? 8 : 1;
   models::ModelRuntime runtime;
   // The loss slices batches by length for every model but a mixture of experts, which runs
