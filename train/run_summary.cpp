@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -120,6 +121,24 @@ std::string fixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
   return buf;
+}
+
+std::string signed_fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%+.*f", digits, v);
+  return buf;
+}
+
+// The 0.975 quantile of Student's t distribution with `df` >= 1 degrees of freedom: the table to
+// 30, then the Cornish-Fisher expansion about the normal quantile (error below 1e-3 there).
+double student_t975(int64_t df) {
+  static const double kTable[] = {12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+                                  2.201,  2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+                                  2.080,  2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042};
+  if (df < 1) throw std::invalid_argument("student_t975: degrees of freedom must be >= 1");
+  if (df <= 30) return kTable[df - 1];
+  const double z = 1.959964, n = static_cast<double>(df);
+  return z + (z * z * z + z) / (4 * n) + (5 * std::pow(z, 5) + 16 * z * z * z + 3 * z) / (96 * n * n);
 }
 
 // The numbers of a metrics record that say where and how long, not how well.
@@ -555,6 +574,65 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
     }
     out << "\n";
   }
+
+  // Two groups with seeds in common: seqrec draws the data order, the negatives and the
+  // evaluation candidates from the seed alone, so runs of one seed in two settings are a paired
+  // comparison. Per pair of groups (the later given minus the earlier), over the seeds both
+  // finished: the mean difference, its sample standard deviation and the 95% Student-t interval
+  // of the mean difference. A seed finished twice in one group pairs nothing.
+  std::vector<std::map<std::string, size_t>> by_seed(groups);
+  std::vector<std::set<std::string>> repeated(groups);
+  std::vector<size_t> first(groups, runs.size());
+  for (size_t i = 0; i < runs.size(); ++i) {
+    first[group[i]] = std::min(first[group[i]], i);
+    if (!runs[i].tested() || !runs[i].flags.count("seed")) continue;
+    const std::string& seed = runs[i].flags.at("seed");
+    if (!by_seed[group[i]].emplace(seed, i).second) repeated[group[i]].insert(seed);
+  }
+  bool paired = false;
+  for (int g = 0; g < groups; ++g)
+    for (int h = g + 1; h < groups; ++h) {
+      std::vector<std::pair<std::string, std::pair<size_t, size_t>>> pairs;  // seed -> (run in g, run in h)
+      for (const auto& [seed, i] : by_seed[g]) {
+        const auto j = by_seed[h].find(seed);
+        if (j != by_seed[h].end() && !repeated[g].count(seed) && !repeated[h].count(seed))
+          pairs.push_back({seed, {i, j->second}});
+      }
+      if (pairs.size() < 2) continue;
+      // Seeds in numeric order where they are numbers.
+      std::sort(pairs.begin(), pairs.end(), [](const auto& a, const auto& b) {
+        const long long x = std::atoll(a.first.c_str()), y = std::atoll(b.first.c_str());
+        return x != y ? x < y : a.first < b.first;
+      });
+      if (!paired)
+        out << "paired by seed (the later group minus the earlier, over the seeds both finished: mean +- sample "
+               "standard deviation of the differences [95% t-interval of the mean difference]):\n";
+      paired = true;
+      std::string seeds;
+      for (const auto& p : pairs) seeds += (seeds.empty() ? "" : ", ") + p.first;
+      out << "  " << label(runs[first[h]]) << " minus " << label(runs[first[g]]) << " (seeds " << seeds << "):";
+      bool any_column = false;
+      for (size_t c = same_selection ? 0 : 1; c < values[0].size(); ++c) {
+        std::vector<double> ds;
+        for (const auto& p : pairs) {
+          const double a = values[p.second.first][c], b = values[p.second.second][c];
+          if (!std::isnan(a) && !std::isnan(b)) ds.push_back(b - a);
+        }
+        if (ds.size() < 2) continue;
+        double mean = 0;
+        for (double d : ds) mean += d;
+        mean /= static_cast<double>(ds.size());
+        double ss = 0;
+        for (double d : ds) ss += (d - mean) * (d - mean);
+        const double sd = std::sqrt(ss / static_cast<double>(ds.size() - 1));
+        const double half = student_t975(static_cast<int64_t>(ds.size()) - 1) * sd / std::sqrt(static_cast<double>(ds.size()));
+        out << (any_column ? "; " : " ") << (c == 0 ? "valid" : head[c + 5]) << " " << signed_fixed(mean, 4) << " +- "
+            << fixed(sd, 4) << " [" << signed_fixed(mean - half, 4) << ", " << signed_fixed(mean + half, 4) << "]"
+            << (ds.size() < pairs.size() ? " (" + std::to_string(ds.size()) + " pairs)" : "");
+        any_column = true;
+      }
+      out << (any_column ? "" : " no figure both runs of two seeds have") << "\n";
+    }
   return out.str();
 }
 

@@ -32,8 +32,12 @@ std::string describe_run(const std::string& dir);
 // protocol any of the runs was tested with (numbered, listed above the table). Runs whose
 // flags.txt agree on everything but the seed and how they were executed (threads, output,
 // resume, logging) are grouped, with the mean and sample standard deviation of each figure over
-// the group's finished runs. Throws std::invalid_argument for fewer than two directories, no
-// metric, or a directory that is not a run.
+// the group's finished runs. Two groups with at least two finished seeds in common are compared
+// seed by seed (a seed fixes the data order, negatives and candidates, so the pairs share them):
+// the later group minus the earlier, the mean and sample standard deviation of the per-seed
+// differences of each figure and the 95% Student-t interval of the mean difference. Throws
+// std::invalid_argument for fewer than two directories, no metric, or a directory that is not a
+// run.
 std::string compare_runs(const std::vector<std::string>& dirs, const std::vector<std::string>& metrics);
 
 }  // namespace seqrec::train

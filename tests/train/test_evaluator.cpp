@@ -9,6 +9,7 @@
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -297,27 +298,36 @@ TEST(RunSummary, DescribesSelectionTestAndStatus) {
   seqrec::io::remove_tree(dir);
 }
 
-// Several runs side by side: one row each (model, seed, status, selection, each protocol's test
-// figures), the protocols numbered, and the runs that differ only in the seed (and in how they
-// were executed) grouped with the mean and sample standard deviation of their finished runs.
-TEST(RunSummary, ComparesRunsAndGroupsSeeds) {
-  namespace fs = std::filesystem;
-  const fs::path root = fs::temp_directory_path() / ("seqrec-run-compare-" + std::to_string(::getpid()));
-  seqrec::io::remove_tree(root);
-  const std::string sampled = "sampled: 1 target + 100 uniform negatives not in the user's sequence";
-  const std::string full = "full ranking over all items, history not excluded";
-  const auto rec = [&](const char* split, int epoch, int step, const std::string& cand, double ndcg, double hr) {
+// Run directories as the trainer leaves them, for the `seqrec info RUN RUN...` tests: each
+// selected at epoch 5 on valid sampled NDCG@10, tested once (sampled and full ranking) or not yet.
+class FakeRuns {
+ public:
+  explicit FakeRuns(const std::string& name)
+      : root_(std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()))) {
+    seqrec::io::remove_tree(root_);
+  }
+  ~FakeRuns() { seqrec::io::remove_tree(root_); }
+
+  static inline const std::string sampled = "sampled: 1 target + 100 uniform negatives not in the user's sequence";
+  static inline const std::string full = "full ranking over all items, history not excluded";
+
+  static std::string rec(const char* split, int epoch, int step, const std::string& cand, double ndcg, double hr) {
     return std::string("{\"dataset\":\"ml-1m\",\"split\":\"") + split + "\",\"epoch\":" + std::to_string(epoch) +
            ",\"step\":" + std::to_string(step) + ",\"candidates\":\"" + cand + "\",\"tie\":\"pessimistic\",\"users\":6040" +
            ",\"NDCG@10\":" + std::to_string(ndcg) + ",\"HR@10\":" + std::to_string(hr) +
            ",\"MRR\":0.5,\"tied\":0,\"seconds\":1}\n";
-  };
-  // A run: flags.txt from `flags`, selected at epoch 5 (valid `valid`), tested when `test` >= 0.
-  const auto make = [&](const std::string& name, const std::string& flags, double valid, double test) {
-    const fs::path dir = root / name;
-    fs::create_directories(dir);
+  }
+
+  // A run: flags.txt from `flags` (its model named in the log as in them, linrec by default),
+  // selected at epoch 5 (valid `valid`), tested when `test` >= 0 (sampled NDCG@10 `test`, full
+  // ranking NDCG@10 test / 10).
+  std::string make(const std::string& name, const std::string& flags, double valid, double test) const {
+    const std::filesystem::path dir = root_ / name;
+    std::filesystem::create_directories(dir);
     std::ofstream(dir / "flags.txt") << flags;
-    std::string log = "[setup] dataset=ml-1m users=6040\n[setup] model=linrec params=1\n"
+    const auto at = flags.find("model=");
+    const std::string model = at == std::string::npos ? "linrec" : flags.substr(at + 6, flags.find('\n', at) - at - 6);
+    std::string log = "[setup] dataset=ml-1m users=6040\n[setup] model=" + model + " params=1\n"
                       "[setup] model selection: valid NDCG@10 under \"" + sampled + "\"\n"
                       "[select] new best valid NDCG@10=" + std::to_string(valid) + " at epoch 5\n";
     std::string metrics = rec("valid", 5, 50, sampled, valid, 0.8) + rec("valid", 5, 50, full, 0.06, 0.14) +
@@ -329,6 +339,24 @@ TEST(RunSummary, ComparesRunsAndGroupsSeeds) {
     std::ofstream(dir / "train.log") << log;
     std::ofstream(dir / "metrics.jsonl") << metrics;
     return dir.string();
+  }
+
+  std::string missing() const { return (root_ / "nothing").string(); }
+
+ private:
+  std::filesystem::path root_;
+};
+
+// Several runs side by side: one row each (model, seed, status, selection, each protocol's test
+// figures), the protocols numbered, and the runs that differ only in the seed (and in how they
+// were executed) grouped with the mean and sample standard deviation of their finished runs.
+TEST(RunSummary, ComparesRunsAndGroupsSeeds) {
+  FakeRuns farm("seqrec-run-compare");
+  const std::string& sampled = FakeRuns::sampled;
+  const std::string& full = FakeRuns::full;
+  const auto rec = &FakeRuns::rec;
+  const auto make = [&](const std::string& name, const std::string& flags, double valid, double test) {
+    return farm.make(name, flags, valid, test);
   };
   const std::string base = "model=linrec\nhidden=50\nthreads=1\n";
   const auto a = make("a", base + "seed=42\nout=a\n", 0.61, 0.58);
@@ -369,7 +397,7 @@ TEST(RunSummary, ComparesRunsAndGroupsSeeds) {
   EXPECT_NE(pair.find("  linrec (hidden=64), 2 runs, 2 finished (seeds 42, 43): valid 0.7100"), std::string::npos) << pair;
 
   // A group with one finished run says so; a run tested twice is marked.
-  std::ofstream(fs::path(a) / "metrics.jsonl", std::ios::app) << rec("test", 5, 300, sampled, 0.57, 0.8);
+  std::ofstream(std::filesystem::path(a) / "metrics.jsonl", std::ios::app) << rec("test", 5, 300, sampled, 0.57, 0.8);
   const std::string two = train::compare_runs({a, c}, {"NDCG@10"});
   EXPECT_NE(two.find("linrec, 2 runs, 1 finished (seeds 42): too few finished runs for a spread"), std::string::npos) << two;
   EXPECT_NE(two.find("finished (test x2)"), std::string::npos) << two;
@@ -388,8 +416,51 @@ TEST(RunSummary, ComparesRunsAndGroupsSeeds) {
   }
   EXPECT_NO_THROW(train::compare_runs({a, b}, {"MRR"}));
   EXPECT_THROW(train::compare_runs({a, b}, {"seconds"}), std::invalid_argument);
-  EXPECT_THROW(train::compare_runs({a, (root / "nothing").string()}, {"NDCG@10"}), std::invalid_argument);
-  seqrec::io::remove_tree(root);
+  EXPECT_THROW(train::compare_runs({a, farm.missing()}, {"NDCG@10"}), std::invalid_argument);
+}
+
+// Two groups with seeds in common are compared seed by seed: the later group minus the earlier,
+// over the seeds both finished, with the mean, the sample standard deviation and the 95%
+// t-interval of the differences; a seed only one group finished, or one group finished twice,
+// pairs nothing, and fewer than two pairs give no line.
+TEST(RunSummary, PairsGroupsBySeed) {
+  FakeRuns farm("seqrec-run-pairs");
+  std::vector<std::string> dirs;
+  // SASRec at seeds 42-44 (test sampled NDCG@10 0.60, 0.61, 0.59); LinRec at 42-45 (0.59, 0.605,
+  // 0.583, then 0.70 at a seed SASRec lacks); LinRec's seed 46 twice, SASRec's once.
+  const double sasrec[] = {0.60, 0.61, 0.59, -1, 0.60}, linrec[] = {0.59, 0.605, 0.583, 0.70, 0.50};
+  for (int s = 0; s < 5; ++s) {
+    const std::string seed = std::to_string(42 + s);
+    if (sasrec[s] >= 0) dirs.push_back(farm.make("sasrec-" + seed, "model=sasrec\nhidden=50\nseed=" + seed + "\n", 0.62, sasrec[s]));
+  }
+  for (int s = 0; s < 5; ++s) {
+    const std::string seed = std::to_string(42 + s);
+    dirs.push_back(farm.make("linrec-" + seed, "model=linrec\nhidden=50\nseed=" + seed + "\n", 0.61 - 0.001 * s, linrec[s]));
+  }
+  dirs.push_back(farm.make("linrec-46b", "model=linrec\nhidden=50\nseed=46\nthreads=2\n", 0.5, 0.4));
+  const std::string text = train::compare_runs(dirs, {"NDCG@10"});
+  // Differences at 42, 43, 44: valid -0.010, -0.011, -0.012; sampled -0.010, -0.005, -0.007 (mean
+  // -0.00733, sd 0.00252, half-width t(2) 4.303 x 0.00252 / sqrt(3) = 0.00625); full a tenth.
+  EXPECT_NE(text.find("paired by seed (the later group minus the earlier"), std::string::npos) << text;
+  EXPECT_NE(text.find("  linrec minus sasrec (seeds 42, 43, 44): valid -0.0110 +- 0.0010 [-0.0135, -0.0085]; "
+                      "[1] NDCG@10 -0.0073 +- 0.0025 [-0.0136, -0.0011]; [2] NDCG@10 -0.0007 +- 0.0003 [-0.0014, -0.0001]\n"),
+            std::string::npos)
+      << text;
+  // Without a second seed in common there is nothing to pair.
+  const std::string one = train::compare_runs({dirs[0], dirs[4], dirs[5]}, {"NDCG@10"});
+  EXPECT_EQ(one.find("paired by seed"), std::string::npos) << one;
+  // The t quantile beyond its table (31 degrees of freedom, 2.0395): 32 pairs whose differences
+  // alternate 0 and -0.1 (mean -0.05, sd 0.0508, half-width 0.0183; the normal quantile would
+  // give 0.0176).
+  FakeRuns many("seqrec-run-pairs-many");
+  std::vector<std::string> big;
+  for (int s = 0; s < 32; ++s) {
+    const std::string seed = std::to_string(100 + s);
+    big.push_back(many.make("a" + seed, "model=sasrec\nseed=" + seed + "\n", 0.6, 0.6));
+    big.push_back(many.make("b" + seed, "model=linrec\nseed=" + seed + "\n", 0.6, s % 2 ? 0.5 : 0.6));
+  }
+  const std::string wide = train::compare_runs(big, {"NDCG@10"});
+  EXPECT_NE(wide.find("[1] NDCG@10 -0.0500 +- 0.0508 [-0.0683, -0.0317]"), std::string::npos) << wide;
 }
 
 }  // namespace
