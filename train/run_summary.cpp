@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <vector>
 
 namespace seqrec::train {
 namespace {
@@ -127,6 +128,20 @@ std::string signed_fixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%+.*f", digits, v);
   return buf;
+}
+
+// The mean and sample standard deviation of two or more figures.
+struct Spread {
+  double mean = 0, sd = 0;
+};
+Spread spread(const std::vector<double>& xs) {
+  Spread s;
+  for (double x : xs) s.mean += x;
+  s.mean /= static_cast<double>(xs.size());
+  double ss = 0;
+  for (double x : xs) ss += (x - s.mean) * (x - s.mean);
+  s.sd = std::sqrt(ss / static_cast<double>(xs.size() - 1));
+  return s;
 }
 
 // The 0.975 quantile of Student's t distribution with `df` >= 1 degrees of freedom: the table to
@@ -563,13 +578,8 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
       for (size_t i : tested)
         if (!std::isnan(values[i][c])) xs.push_back(values[i][c]);
       if (xs.size() < 2) continue;
-      double mean = 0;
-      for (double x : xs) mean += x;
-      mean /= static_cast<double>(xs.size());
-      double ss = 0;
-      for (double x : xs) ss += (x - mean) * (x - mean);
-      const double sd = std::sqrt(ss / static_cast<double>(xs.size() - 1));
-      out << (c == 0 ? " valid " : "; " + head[c + 5] + " ") << fixed(mean, 4) << " +- " << fixed(sd, 4)
+      const Spread sp = spread(xs);
+      out << (c == 0 ? " valid " : "; " + head[c + 5] + " ") << fixed(sp.mean, 4) << " +- " << fixed(sp.sd, 4)
           << (xs.size() < tested.size() ? " (" + std::to_string(xs.size()) + " runs)" : "");
     }
     out << "\n";
@@ -619,15 +629,10 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
           if (!std::isnan(a) && !std::isnan(b)) ds.push_back(b - a);
         }
         if (ds.size() < 2) continue;
-        double mean = 0;
-        for (double d : ds) mean += d;
-        mean /= static_cast<double>(ds.size());
-        double ss = 0;
-        for (double d : ds) ss += (d - mean) * (d - mean);
-        const double sd = std::sqrt(ss / static_cast<double>(ds.size() - 1));
-        const double half = student_t975(static_cast<int64_t>(ds.size()) - 1) * sd / std::sqrt(static_cast<double>(ds.size()));
-        out << (any_column ? "; " : " ") << (c == 0 ? "valid" : head[c + 5]) << " " << signed_fixed(mean, 4) << " +- "
-            << fixed(sd, 4) << " [" << signed_fixed(mean - half, 4) << ", " << signed_fixed(mean + half, 4) << "]"
+        const Spread sp = spread(ds);
+        const double half = student_t975(static_cast<int64_t>(ds.size()) - 1) * sp.sd / std::sqrt(static_cast<double>(ds.size()));
+        out << (any_column ? "; " : " ") << (c == 0 ? "valid" : head[c + 5]) << " " << signed_fixed(sp.mean, 4) << " +- "
+            << fixed(sp.sd, 4) << " [" << signed_fixed(sp.mean - half, 4) << ", " << signed_fixed(sp.mean + half, 4) << "]"
             << (ds.size() < pairs.size() ? " (" + std::to_string(ds.size()) + " pairs)" : "");
         any_column = true;
       }
