@@ -636,7 +636,7 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
             << (ds.size() < pairs.size() ? " (" + std::to_string(ds.size()) + " pairs)" : "");
         any_column = true;
       }
-      out << (any_column ? "" : " no figure both runs of two seeds have") << "\n";
+      out << (any_column ? "" : " too few pairs with a figure on both sides") << "\n";
     }
   return out.str();
 }
