@@ -355,14 +355,11 @@ TEST(RunSummary, ComparesRunsAndGroupsSeeds) {
   const std::string& sampled = FakeRuns::sampled;
   const std::string& full = FakeRuns::full;
   const auto rec = &FakeRuns::rec;
-  const auto make = [&](const std::string& name, const std::string& flags, double valid, double test) {
-    return farm.make(name, flags, valid, test);
-  };
   const std::string base = "model=linrec\nhidden=50\nthreads=1\n";
-  const auto a = make("a", base + "seed=42\nout=a\n", 0.61, 0.58);
-  const auto b = make("b", base + "seed=43\nout=b\nresume=auto\nthreads=2\n", 0.63, 0.60);
-  const auto c = make("c", base + "seed=44\nout=c\n", 0.62, -1);           // still training
-  const auto d = make("d", "model=linrec\nhidden=64\nseed=42\n", 0.70, 0.65);  // another setting
+  const auto a = farm.make("a", base + "seed=42\nout=a\n", 0.61, 0.58);
+  const auto b = farm.make("b", base + "seed=43\nout=b\nresume=auto\nthreads=2\n", 0.63, 0.60);
+  const auto c = farm.make("c", base + "seed=44\nout=c\n", 0.62, -1);           // still training
+  const auto d = farm.make("d", "model=linrec\nhidden=64\nseed=42\n", 0.70, 0.65);  // another setting
 
   const std::string text = train::compare_runs({a, b, c, d}, {"HR@10", "NDCG@10"});
   EXPECT_NE(text.find("4 runs; test figures are each run's model selected on validation (valid NDCG@10 under \"" +
@@ -391,7 +388,7 @@ TEST(RunSummary, ComparesRunsAndGroupsSeeds) {
 
   // Two groups of one model are each named by the flags that set them apart; execution flags
   // (threads, resume, out) and the seed name none.
-  const auto e = make("e", "model=linrec\nhidden=64\nseed=43\nthreads=2\n", 0.72, 0.67);
+  const auto e = farm.make("e", "model=linrec\nhidden=64\nseed=43\nthreads=2\n", 0.72, 0.67);
   const std::string pair = train::compare_runs({a, b, d, e}, {"NDCG@10"});
   EXPECT_NE(pair.find("  linrec (hidden=50), 2 runs, 2 finished (seeds 42, 43): valid 0.6200"), std::string::npos) << pair;
   EXPECT_NE(pair.find("  linrec (hidden=64), 2 runs, 2 finished (seeds 42, 43): valid 0.7100"), std::string::npos) << pair;
