@@ -118,15 +118,10 @@ std::string field_after(const std::string& line, const std::string& key) {
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 
-std::string fixed(double v, int digits) {
+// v with `digits` decimals; with `sign`, a plus before a positive figure too (differences).
+std::string fixed(double v, int digits, bool sign = false) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
-
-std::string signed_fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%+.*f", digits, v);
+  std::snprintf(buf, sizeof buf, sign ? "%+.*f" : "%.*f", digits, v);
   return buf;
 }
 
@@ -631,8 +626,8 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
         if (ds.size() < 2) continue;
         const Spread sp = spread(ds);
         const double half = student_t975(static_cast<int64_t>(ds.size()) - 1) * sp.sd / std::sqrt(static_cast<double>(ds.size()));
-        out << (any_column ? "; " : " ") << (c == 0 ? "valid" : head[c + 5]) << " " << signed_fixed(sp.mean, 4) << " +- "
-            << fixed(sp.sd, 4) << " [" << signed_fixed(sp.mean - half, 4) << ", " << signed_fixed(sp.mean + half, 4) << "]"
+        out << (any_column ? "; " : " ") << (c == 0 ? "valid" : head[c + 5]) << " " << fixed(sp.mean, 4, true) << " +- "
+            << fixed(sp.sd, 4) << " [" << fixed(sp.mean - half, 4, true) << ", " << fixed(sp.mean + half, 4, true) << "]"
             << (ds.size() < pairs.size() ? " (" + std::to_string(ds.size()) + " pairs)" : "");
         any_column = true;
       }
