@@ -76,6 +76,10 @@ DEFINE_int64(interests, 20, "lightsans: latent interests k per layer");
 DEFINE_string(lightsans_position, "decoupled",
               "lightsans: decoupled (position branch inside attention) | absolute (LightSANs-ape)");
 DEFINE_string(linrec_norm, "paper", "linrec: paper (row-wise q, column-wise k) | code (per-token q and k)");
+DEFINE_bool(linrec_pad_keys, false,
+            "linrec: a row's padded slots, up to max_len, take part as keys and values (in the sums and the "
+            "norms), as in the released code, which masks nothing; padded slots hold zeros, so they act as "
+            "max_len - length copies of one learned key and value");
 DEFINE_string(lisa_variant, "base", "lisa: base | soft | mini");
 DEFINE_int64(codebooks, 8, "lisa: codebooks B encoding the sequence");
 DEFINE_int64(codewords, 128, "lisa: codewords W per codebook");

@@ -21,6 +21,9 @@ struct AttentionContext {
                            // for variants that encode positions inside attention (LightSANs)
   at::Tensor code_weights; // [B, L, C, W] codeword assignment weights of the input items (LISA)
   at::Tensor code_index;   // [B, L, C] their hard codeword indices (LISA)
+  at::Tensor padded_input; // [D] what the block's attention reads at a padded slot (set by each
+                           // block before it attends): its LayerNorm's bias under pre-LN, since
+                           // padded slots hold zeros; undefined (zeros) under post-LN
 };
 
 // The length slices of one batch laid end to end (SequenceModel::encode_slices): slice s has

@@ -55,6 +55,7 @@ class BlockImpl : public torch::nn::Module {
   }
 
   at::Tensor forward(at::Tensor x, AttentionContext& ctx) {
+    mark_padded_input(ctx);
     if (norm_first_) {
       x = x + attend(attn_ln_ ? attn_ln_(x) : x, ctx);
       return x + position_wise(ffn_ln_(x), ctx);
@@ -65,6 +66,7 @@ class BlockImpl : public torch::nn::Module {
 
   // The block's output at the last slot, [B, D].
   at::Tensor forward_last(const at::Tensor& x, AttentionContext& ctx) {
+    mark_padded_input(ctx);
     auto last = x.select(1, x.size(1) - 1);
     if (norm_first_) {
       last = last + attn_->forward_last(attn_ln_ ? attn_ln_(x) : x, ctx);
@@ -76,6 +78,7 @@ class BlockImpl : public torch::nn::Module {
 
   // forward() of every slice of a layout at once, x [N, D]: only attention sees the slices.
   at::Tensor forward_slices(at::Tensor x, SliceLayout& layout) {
+    for (auto& c : layout.ctx) mark_padded_input(c);
     if (norm_first_) {
       x = x + attend_slices(attn_ln_ ? attn_ln_(x) : x, layout);
       return x + position_wise_flat(ffn_ln_(x));
@@ -86,6 +89,7 @@ class BlockImpl : public torch::nn::Module {
 
   // forward_last() of every slice, [Σ b_s, D].
   at::Tensor forward_last_slices(const at::Tensor& x, SliceLayout& layout) {
+    for (auto& c : layout.ctx) mark_padded_input(c);
     auto last = x.index_select(0, layout.last_slots);
     if (norm_first_) {
       last = last + attn_->forward_last_slices(attn_ln_ ? attn_ln_(x) : x, layout);
@@ -99,6 +103,11 @@ class BlockImpl : public torch::nn::Module {
   FeedForwardModuleImpl* feed_forward() { return moe_.get(); }
 
  private:
+  // Padded slots hold zeros, so attention reads LayerNorm(0) = its bias there under pre-LN, and
+  // zeros otherwise.
+  void mark_padded_input(AttentionContext& ctx) {
+    ctx.padded_input = norm_first_ && attn_ln_ ? attn_ln_->bias : at::Tensor();
+  }
   at::Tensor attend(const at::Tensor& x, AttentionContext& ctx) {
     SEQREC_PROFILE_SCOPE("seqrec::attention");
     return attn_->forward(x, ctx);

@@ -192,6 +192,7 @@ const std::vector<Field>& fields() {
       {"interests", {"lightsans"}, &O::interests},
       {"lightsans_position", {"lightsans"}, &O::lightsans_position},
       {"linrec_norm", {"linrec"}, &O::linrec_norm},
+      {"linrec_pad_keys", {"linrec"}, &O::linrec_pad_keys, [](const O& o) { return o.linrec_pad_keys; }},
       {"lisa_variant", {"lisa"}, &O::lisa_variant},
       {"codebooks", {"lisa"}, &O::codebooks},
       {"codewords", {"lisa"}, &O::codewords},

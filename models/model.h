@@ -45,6 +45,8 @@ struct ModelOptions {
   std::string lightsans_position = "decoupled";  // decoupled | absolute (LightSANs-ape)
   // linrec
   std::string linrec_norm = "paper";           // paper | code (see ops/linear_attention)
+  bool linrec_pad_keys = false;  // padded slots, up to max_len, are keys and values (the released
+                                 // code masks nothing); the slots a trimmed batch drops are counted
   // lisa
   std::string lisa_variant = "base";  // base | soft | mini
   int64_t codebooks = 8;              // B codebooks encoding the sequence

@@ -40,6 +40,9 @@ std::vector<Variant> variants() {
       {"lisa_base_ema", [](ModelOptions& o) {
          o.model = "lisa"; o.codebooks = 3; o.codewords = 5; o.codebook_update = "ema"; o.blocks = 1; }},
       {"linrec_code", [](ModelOptions& o) { o.model = "linrec"; o.linrec_norm = "code"; o.norm_first = false; }},
+      {"linrec_pad_keys", [](ModelOptions& o) { o.model = "linrec"; o.linrec_pad_keys = true; }},
+      {"linrec_pad_keys_code_postln", [](ModelOptions& o) {
+         o.model = "linrec"; o.linrec_pad_keys = true; o.linrec_norm = "code"; o.norm_first = false; }},
       {"routing_local_and_routed", [](ModelOptions& o) {
          o.model = "routing"; o.routing_clusters = 4; o.routing_window = 5; o.routing_chunk = 6; o.local_window = 7; }},
       {"routing_all_routed_postln", [](ModelOptions& o) {
@@ -568,6 +571,55 @@ TEST(LastObjective, LinrecAtMediumPrecisionAttendsOnTheBfloat16Products) {
     EXPECT_EQ(p.grad().scalar_type(), torch::kFloat) << name;
     EXPECT_TRUE(torch::isfinite(p.grad()).all().item<bool>()) << name;
     EXPECT_GT(p.grad().abs().sum().item<double>(), 0.0) << name;
+  }
+}
+
+// --linrec_pad_keys: a row of n items has max_len - n padded slots among its keys and values
+// whatever width its batch was trimmed to, as if every row were padded to max_len with nothing
+// masked. A row without padding is untouched; a padded row's outputs change, in the causal form
+// and in the global one, under pre-LN (a padded slot reads the LayerNorm's bias) and post-LN
+// (it reads zeros).
+TEST(Linrec, PadKeysCountEveryPaddedSlotUpToMaxLen) {
+  for (bool pre_ln : {true, false}) {
+    for (const char* objective : {"causal", "last"}) {
+      SCOPED_TRACE(std::string(pre_ln ? "pre-LN " : "post-LN ") + objective);
+      auto o = sasrec_small();
+      o.model = "linrec";
+      o.dropout = 0;
+      o.norm_first = pre_ln;
+      o.objective = objective;
+      o.init_seed = 3;
+      auto masked = make_model(o);
+      o.linrec_pad_keys = true;
+      auto m = make_model(o);
+      {
+        // Biases away from their zero initialisation: pre-LN's padded slots then read the
+        // LayerNorm's bias, and under post-LN the projection's bias alone makes their keys and
+        // values nonzero.
+        torch::NoGradGuard g;
+        for (auto* net : {masked.get(), m.get()})
+          for (auto& [name, p] : net->named_parameters())
+            if (name.find("bias") != std::string::npos) p.copy_(torch::linspace(-0.5, 0.5, p.numel()));
+      }
+      m->set_training(false);
+      masked->set_training(false);
+      torch::NoGradGuard g;
+      auto whole = seq(long_items(12, 4), 12);
+      EXPECT_TRUE(torch::allclose(m->encode(whole), masked->encode(whole), 1e-6, 1e-6)) << "no padding, no change";
+      const std::vector<int64_t> items{3, 5, 7, 4};
+      auto padded = m->encode(seq(items, 12));
+      for (int64_t width : {4, 6}) {
+        auto trimmed = m->encode(seq(items, width));
+        EXPECT_TRUE(torch::allclose(trimmed.narrow(1, width - 4, 4), padded.narrow(1, 8, 4), 1e-5, 1e-6))
+            << "width " << width << ": " << (trimmed.narrow(1, width - 4, 4) - padded.narrow(1, 8, 4)).abs().max();
+        EXPECT_TRUE(torch::allclose(m->encode_last(seq(items, width)), padded.select(1, 11), 1e-5, 1e-6))
+            << "width " << width;
+      }
+      auto without = masked->encode(seq(items, 12));
+      EXPECT_FALSE(torch::allclose(padded.narrow(1, 8, 4), without.narrow(1, 8, 4), 1e-4, 1e-4))
+          << "the padded slots must count as keys";
+      EXPECT_EQ(padded.narrow(1, 0, 8).abs().sum().item<double>(), 0.0) << "padded slots' outputs stay zero";
+    }
   }
 }
 
