@@ -320,21 +320,24 @@ class FakeRuns {
 
   // A run: flags.txt from `flags` (its model named in the log as in them, linrec by default),
   // selected at epoch 5 (valid `valid`), tested when `test` >= 0 (sampled NDCG@10 `test`, full
-  // ranking NDCG@10 test / 10).
-  std::string make(const std::string& name, const std::string& flags, double valid, double test) const {
+  // ranking NDCG@10 test / 10). With another `protocol` than `sampled` the run selects under it
+  // and is tested under it alone (NDCG@10 `test`).
+  std::string make(const std::string& name, const std::string& flags, double valid, double test,
+                   const std::string& protocol = sampled) const {
     const std::filesystem::path dir = root_ / name;
     std::filesystem::create_directories(dir);
     std::ofstream(dir / "flags.txt") << flags;
     const auto at = flags.find("model=");
     const std::string model = at == std::string::npos ? "linrec" : flags.substr(at + 6, flags.find('\n', at) - at - 6);
     std::string log = "[setup] dataset=ml-1m users=6040\n[setup] model=" + model + " params=1\n"
-                      "[setup] model selection: valid NDCG@10 under \"" + sampled + "\"\n"
+                      "[setup] model selection: valid NDCG@10 under \"" + protocol + "\"\n"
                       "[select] new best valid NDCG@10=" + std::to_string(valid) + " at epoch 5\n";
-    std::string metrics = rec("valid", 5, 50, sampled, valid, 0.8) + rec("valid", 5, 50, full, 0.06, 0.14) +
-                          rec("valid", 10, 100, sampled, valid - 0.01, 0.8);
+    std::string metrics = rec("valid", 5, 50, protocol, valid, 0.8) + rec("valid", 5, 50, full, 0.06, 0.14) +
+                          rec("valid", 10, 100, protocol, valid - 0.01, 0.8);
     if (test >= 0) {
       log += "[test] model selected on valid NDCG@10 at epoch 5\n";
-      metrics += rec("test", 5, 100, sampled, test, 0.81) + rec("test", 5, 100, full, test / 10, 0.13);
+      metrics += protocol != sampled ? rec("test", 5, 100, protocol, test, 0.81)
+                                     : rec("test", 5, 100, sampled, test, 0.81) + rec("test", 5, 100, full, test / 10, 0.13);
     }
     std::ofstream(dir / "train.log") << log;
     std::ofstream(dir / "metrics.jsonl") << metrics;
@@ -458,6 +461,20 @@ TEST(RunSummary, PairsGroupsBySeed) {
   }
   const std::string wide = train::compare_runs(big, {"NDCG@10"});
   EXPECT_NE(wide.find("[1] NDCG@10 -0.0500 +- 0.0508 [-0.0683, -0.0317]"), std::string::npos) << wide;
+  // Seeds in common but no figure on both sides: the LinRec runs select and test under
+  // popularity-sampled candidates alone, so neither the valid column (another selection) nor a
+  // test protocol is shared.
+  const std::string pop = "sampled: 1 target + 100 popularity-weighted negatives not in the user's sequence";
+  FakeRuns apart("seqrec-run-pairs-apart");
+  std::vector<std::string> two;
+  for (const char* seed : {"42", "43"}) {
+    two.push_back(apart.make(std::string("s") + seed, std::string("model=sasrec\nseed=") + seed + "\n", 0.62, 0.6));
+    two.push_back(apart.make(std::string("l") + seed, std::string("model=linrec\nseed=") + seed + "\n", 0.5, 0.45, pop));
+  }
+  const std::string none = train::compare_runs(two, {"NDCG@10"});
+  EXPECT_NE(none.find("  linrec minus sasrec (seeds 42, 43): too few pairs with a figure on both sides\n"),
+            std::string::npos)
+      << none;
 }
 
 }  // namespace
