@@ -145,7 +145,8 @@ class LinrecAttentionImpl : public AttentionModuleImpl {
 std::unique_ptr<SequenceModel> make_linrec(const ModelOptions& o) {
   const auto norm = ops::parse_linrec_norm(o.linrec_norm);
   BackboneSpec spec;
-  spec.attention = [o, norm](int64_t) { return std::make_shared<LinrecAttentionImpl>(o.hidden, o.heads, norm, o.linrec_pad_keys, o.max_len);
+  spec.attention = [o, norm](int64_t) {
+    return std::make_shared<LinrecAttentionImpl>(o.hidden, o.heads, norm, o.linrec_pad_keys, o.max_len);
   };
   return make_backbone_model(o, spec);
 }
