@@ -279,7 +279,12 @@ int cmd_info(const std::vector<std::string>& positional) {
                                           "several paths are compared as runs");
     const auto metrics = split_list(FLAGS_metrics);
     require(!metrics.empty(), "--metrics names no metric");
-    std::printf("%s", train::compare_runs(positional, metrics).c_str());
+    // A run written before a flag existed ran at that flag's default.
+    std::map<std::string, std::string> defaults;
+    std::vector<gflags::CommandLineFlagInfo> all;
+    gflags::GetAllFlags(&all);
+    for (const auto& f : all) defaults[f.name] = f.default_value;
+    std::printf("%s", train::compare_runs(positional, metrics, defaults).c_str());
     return 0;
   }
   std::string path = !positional.empty() ? positional[0] : (!FLAGS_data.empty() ? FLAGS_data : FLAGS_checkpoint);

@@ -12,6 +12,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "models/model.h"
+
 namespace seqrec::train {
 namespace {
 
@@ -421,7 +423,8 @@ std::string describe_run(const std::string& dir) {
   return out.str();
 }
 
-std::string compare_runs(const std::vector<std::string>& dirs, const std::vector<std::string>& metrics) {
+std::string compare_runs(const std::vector<std::string>& dirs, const std::vector<std::string>& metrics,
+                         const std::map<std::string, std::string>& defaults) {
   if (dirs.size() < 2) throw std::invalid_argument("compare_runs: give two or more run directories");
   if (metrics.empty()) throw std::invalid_argument("compare_runs: name at least one metric (e.g. NDCG@10)");
   std::vector<RunFacts> runs;
@@ -508,35 +511,51 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
   for (const auto& row : rows) out << line(row);
 
   // Runs whose flags are equal but for the seed and how the run was executed: the spread over
-  // seeds, over the runs that have finished (been tested). Flags one run does not record (an
-  // older binary) are not compared.
+  // seeds, over the runs that have finished (been tested). A flag one run does not record (an
+  // older binary) is taken at its default where `defaults` has it, and not compared otherwise.
   static const std::vector<std::string> kExecution = {
       "seed", "out", "resume", "threads", "device", "fused_kernels", "matmul_precision", "comm", "host_allocator", "flagfile", "log_every", "prefetch",
       "profile_steps", "profile_after", "checkpoint_every", "keep_checkpoints", "eval_batch", "replica_check_every"};
   // The setting flags (not how the run was executed) on which a and b disagree.
+  const auto value = [&](const RunFacts& r, const std::string& k) -> const std::string* {
+    if (const auto it = r.flags.find(k); it != r.flags.end()) return &it->second;
+    if (const auto it = defaults.find(k); it != defaults.end()) return &it->second;
+    return nullptr;
+  };
   const auto disagreements = [&](const RunFacts& a, const RunFacts& b) {
     std::vector<std::string> keys;
-    for (const auto& [k, v] : a.flags) {
-      if (std::find(kExecution.begin(), kExecution.end(), k) != kExecution.end()) continue;
-      const auto it = b.flags.find(k);
-      if (it != b.flags.end() && it->second != v) keys.push_back(k);
-    }
+    for (const auto* side : {&a, &b})
+      for (const auto& entry : side->flags) {
+        const std::string& k = entry.first;
+        if (std::find(kExecution.begin(), kExecution.end(), k) != kExecution.end()) continue;
+        if (side == &b && a.flags.count(k)) continue;  // compared from a's side
+        const std::string *x = value(a, k), *y = value(b, k);
+        if (x && y && *x != *y) keys.push_back(k);
+      }
     return keys;
   };
   const auto alike = [&](const RunFacts& a, const RunFacts& b) {
     return !a.flags.empty() && !b.flags.empty() && disagreements(a, b).empty();
   };
   // The flags on which some two runs disagree: they name each group, so that two groups of one
-  // model tell apart ("flash4rec (flash_unit=mhsa)"). The model is named anyway.
+  // model tell apart ("flash4rec (flash_unit=mhsa)"), except a model option that another model's
+  // run would be labelled with though it does not read it. The model is named anyway.
   std::set<std::string> differing;
   for (size_t i = 0; i < runs.size(); ++i)
     for (size_t j = i + 1; j < runs.size(); ++j)
       for (const auto& k : disagreements(runs[i], runs[j]))
         if (k != "model") differing.insert(k);
+  const auto reads = [](const std::string& model, const std::string& key) {
+    for (const auto& opt : models::model_option_table())
+      if (opt.key == key)
+        return opt.models.empty() || std::find(opt.models.begin(), opt.models.end(), model) != opt.models.end();
+    return true;  // not a model option: a setting every run has
+  };
   const auto label = [&](const RunFacts& f) {
     std::string named;
     for (const auto& k : differing)
-      if (f.flags.count(k)) named += (named.empty() ? "" : ", ") + k + "=" + f.flags.at(k);
+      if (const std::string* v = value(f, k); v && reads(f.model, k))
+        named += (named.empty() ? "" : ", ") + k + "=" + *v;
     return (f.model.empty() ? std::string("?") : f.model) + (named.empty() ? "" : " (" + named + ")");
   };
   std::vector<int> group(runs.size(), -1);

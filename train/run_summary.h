@@ -35,9 +35,12 @@ std::string describe_run(const std::string& dir);
 // the group's finished runs. Two groups with at least two finished seeds in common are compared
 // seed by seed (a seed fixes the data order, negatives and candidates, so the pairs share them):
 // the later group minus the earlier, the mean and sample standard deviation of the per-seed
-// differences of each figure and the 95% Student-t interval of the mean difference. Throws
+// differences of each figure and the 95% Student-t interval of the mean difference. A flag that
+// a run's flags.txt lacks (written before the flag existed) is taken at its value in `defaults`
+// (flag -> default, as the binary defines it); without one it is not compared. Throws
 // std::invalid_argument for fewer than two directories, no metric, or a directory that is not a
 // run.
-std::string compare_runs(const std::vector<std::string>& dirs, const std::vector<std::string>& metrics);
+std::string compare_runs(const std::vector<std::string>& dirs, const std::vector<std::string>& metrics,
+                         const std::map<std::string, std::string>& defaults = {});
 
 }  // namespace seqrec::train

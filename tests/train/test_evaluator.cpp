@@ -477,4 +477,34 @@ TEST(RunSummary, PairsGroupsBySeed) {
       << none;
 }
 
+// A flag that a run's flags.txt lacks (the run predates it) is taken at its default: such runs
+// group with runs that set the default and apart from runs that set another value, and the
+// groups are named by it. Without the defaults the flag is not compared, so all are one group.
+TEST(RunSummary, FlagsARunPredatesTakeTheirDefaults) {
+  FakeRuns farm("seqrec-run-defaults");
+  std::vector<std::string> dirs;
+  for (const char* seed : {"42", "43"}) {
+    const std::string s = std::string("seed=") + seed + "\n";
+    dirs.push_back(farm.make(std::string("old") + seed, "model=linrec\nhidden=50\n" + s, 0.61, 0.59));
+    dirs.push_back(farm.make(std::string("on") + seed, "model=linrec\nhidden=50\nlinrec_pad_keys=true\n" + s, 0.62, 0.595));
+  }
+  dirs.push_back(farm.make("off44", "model=linrec\nhidden=50\nlinrec_pad_keys=false\nseed=44\n", 0.6, 0.58));
+  // A SASRec run is not labelled with LinRec's option (it does not read it).
+  for (const char* seed : {"42", "43"})
+    dirs.push_back(farm.make(std::string("sasrec") + seed, std::string("model=sasrec\nhidden=50\nseed=") + seed + "\n", 0.63, 0.6));
+  const std::string text = train::compare_runs(dirs, {"NDCG@10"}, {{"linrec_pad_keys", "false"}, {"hidden", "64"}});
+  EXPECT_NE(text.find("  linrec (linrec_pad_keys=false), 3 runs, 3 finished (seeds 42, 43, 44)"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("  linrec (linrec_pad_keys=true), 2 runs, 2 finished (seeds 42, 43)"), std::string::npos) << text;
+  EXPECT_NE(text.find("  linrec (linrec_pad_keys=true) minus linrec (linrec_pad_keys=false) (seeds 42, 43): valid "
+                      "+0.0100 +- 0.0000"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("  sasrec, 2 runs, 2 finished"), std::string::npos) << text;
+  EXPECT_NE(text.find("  sasrec minus linrec (linrec_pad_keys=false) (seeds 42, 43)"), std::string::npos) << text;
+  const std::string blind = train::compare_runs(dirs, {"NDCG@10"});
+  EXPECT_NE(blind.find("  linrec, 5 runs, 5 finished"), std::string::npos) << blind;
+  EXPECT_EQ(blind.find("  sasrec minus linrec"), std::string::npos) << "seeds 42 and 43 twice in a group pair nothing";
+}
+
 }  // namespace
