@@ -107,13 +107,15 @@ class LinrecAttentionImpl : public AttentionModuleImpl {
       auto full = with_dropped_slots(pad_kv, kv);
       return std::make_pair(full, torch::zeros({kv.size(0), full.size(1)}, pad.options()));
     };
+    // A padded slot's keys and values [1, 1, 2·D] as `products` gives every slot's.
+    auto padded = [&](auto&& products) {
+      if (!pad_keys_) return at::Tensor();
+      auto in = padded_input(ctx).view({1, -1});
+      return products(qkv_, in, in).keys_values.view({1, 1, -1});
+    };
     if (ops::bf16_products(all)) {
       auto p = last_slot_products_bf16(qkv_, last, all);
-      at::Tensor pad_kv;
-      if (pad_keys_) {
-        auto in = padded_input(ctx);
-        pad_kv = last_slot_products_bf16(qkv_, in.view({1, -1}), in.view({1, -1})).keys_values.view({1, 1, -1});
-      }
+      const auto pad_kv = padded([](auto&&... a) { return last_slot_products_bf16(a...); });
       return apply_linear(out_, split(p.query, p.keys_values, [&](const at::Tensor& q, const at::Tensor& kv,
                                                                    const at::Tensor& pad) {
         auto [k, kp] = keys(pad_kv, kv, pad);
@@ -121,11 +123,7 @@ class LinrecAttentionImpl : public AttentionModuleImpl {
       }));
     }
     auto p = project_for_last_slot(qkv_, last, all);
-    at::Tensor pad_kv;
-    if (pad_keys_) {
-      auto in = padded_input(ctx);
-      pad_kv = project_for_last_slot(qkv_, in.view({1, -1}), in.view({1, -1})).keys_values.view({1, 1, -1});
-    }
+    const auto pad_kv = padded([](auto&&... a) { return project_for_last_slot(a...); });
     return apply_linear(out_, split(p.query, p.keys_values, [&](const at::Tensor& q, const at::Tensor& kv,
                                                                  const at::Tensor& pad) {
       auto [k, kp] = keys(pad_kv, kv, pad);

@@ -516,22 +516,23 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
   static const std::vector<std::string> kExecution = {
       "seed", "out", "resume", "threads", "device", "fused_kernels", "matmul_precision", "comm", "host_allocator", "flagfile", "log_every", "prefetch",
       "profile_steps", "profile_after", "checkpoint_every", "keep_checkpoints", "eval_batch", "replica_check_every"};
-  // The setting flags (not how the run was executed) on which a and b disagree.
+  // A flag's value in run r: as recorded, else its default, else none.
   const auto value = [&](const RunFacts& r, const std::string& k) -> const std::string* {
     if (const auto it = r.flags.find(k); it != r.flags.end()) return &it->second;
     if (const auto it = defaults.find(k); it != defaults.end()) return &it->second;
     return nullptr;
   };
+  // The setting flags (not how the run was executed) on which a and b disagree.
   const auto disagreements = [&](const RunFacts& a, const RunFacts& b) {
+    std::set<std::string> recorded;
+    for (const auto* r : {&a, &b})
+      for (const auto& entry : r->flags) recorded.insert(entry.first);
     std::vector<std::string> keys;
-    for (const auto* side : {&a, &b})
-      for (const auto& entry : side->flags) {
-        const std::string& k = entry.first;
-        if (std::find(kExecution.begin(), kExecution.end(), k) != kExecution.end()) continue;
-        if (side == &b && a.flags.count(k)) continue;  // compared from a's side
-        const std::string *x = value(a, k), *y = value(b, k);
-        if (x && y && *x != *y) keys.push_back(k);
-      }
+    for (const auto& k : recorded) {
+      if (std::find(kExecution.begin(), kExecution.end(), k) != kExecution.end()) continue;
+      const std::string *x = value(a, k), *y = value(b, k);
+      if (x && y && *x != *y) keys.push_back(k);
+    }
     return keys;
   };
   const auto alike = [&](const RunFacts& a, const RunFacts& b) {
