@@ -12,6 +12,8 @@
 // has max_len - n of them whatever width its batch was trimmed to (the dropped ones are put back
 // in front), which keeps the trainer's length slices exact.
 #include <cmath>
+#include <tuple>
+#include <utility>
 
 #include "models/backbone.h"
 #include "ops/linear_attention/linear_attention.h"
@@ -68,10 +70,7 @@ class LinrecAttentionImpl : public AttentionModuleImpl {
     const auto form = ctx.causal ? ops::LinrecForm::kCausal : ops::LinrecForm::kGlobal;
     const int64_t width = p.size(1);
     at::Tensor full = p, key_padding = ctx.key_padding;
-    if (pad_keys_) {
-      full = with_dropped_slots(project(padded_input(ctx)), p);
-      key_padding = torch::zeros({p.size(0), full.size(1)}, ctx.key_padding.options());
-    }
+    if (pad_keys_) std::tie(full, key_padding) = with_dropped_slots(project(padded_input(ctx)), p, key_padding);
     auto o = p.scalar_type() == at::kBFloat16 && qkv_->bias.scalar_type() != at::kBFloat16
                  ? ops::linrec_attention_packed_bf16(full, qkv_->bias, heads_, key_padding, norm_, form)
                  : ops::linrec_attention_packed(full, heads_, key_padding, norm_, form);
@@ -87,11 +86,15 @@ class LinrecAttentionImpl : public AttentionModuleImpl {
   }
 
   // rows [b, L, W] with the max_len - L slots that trimming dropped put back in front, each
-  // `slot` [1, 1, W] (a padded slot's projection).
-  at::Tensor with_dropped_slots(const at::Tensor& slot, const at::Tensor& rows) const {
+  // `slot` [1, 1, W] (a padded slot's projection), and a key padding [b, max_len] (like `pad`)
+  // that masks none of them.
+  std::pair<at::Tensor, at::Tensor> with_dropped_slots(const at::Tensor& slot, const at::Tensor& rows,
+                                                       const at::Tensor& pad) const {
     const int64_t dropped = max_len_ - rows.size(1);
-    if (dropped <= 0) return rows;
-    return torch::cat({slot.to(rows.scalar_type()).expand({rows.size(0), dropped, rows.size(2)}), rows}, 1);
+    auto full = dropped <= 0 ? rows
+                             : torch::cat({slot.to(rows.scalar_type()).expand({rows.size(0), dropped, rows.size(2)}),
+                                           rows}, 1);
+    return {full, torch::zeros({rows.size(0), full.size(1)}, pad.options())};
   }
 
   // The last slots' outputs from their rows `last` [R, D] and every slot `all`: split(q, kv, op)
@@ -103,9 +106,7 @@ class LinrecAttentionImpl : public AttentionModuleImpl {
     // --linrec_pad_keys: the slice's keys and values with the dropped padded slots in front, and
     // no key masked; otherwise as they are.
     auto keys = [&](const at::Tensor& pad_kv, const at::Tensor& kv, const at::Tensor& pad) {
-      if (!pad_keys_) return std::make_pair(kv, pad);
-      auto full = with_dropped_slots(pad_kv, kv);
-      return std::make_pair(full, torch::zeros({kv.size(0), full.size(1)}, pad.options()));
+      return pad_keys_ ? with_dropped_slots(pad_kv, kv, pad) : std::make_pair(kv, pad);
     };
     // A padded slot's keys and values [1, 1, 2·D] as `products` gives every slot's.
     auto padded = [&](auto&& products) {
