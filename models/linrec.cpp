@@ -8,12 +8,13 @@
 // (ops::linrec_attention_packed_bf16 and _last_bf16), so no float32 copy of either is made.
 // With --linrec_pad_keys a row's padded slots are keys and values too, as in the released code,
 // which applies no mask: a padded slot holds zeros, so its key and value are the projection of
-// what the block's attention reads there (AttentionContext::padded_input), and a row of length n
-// has max_len - n of them whatever width its batch was trimmed to (the dropped ones are put back
-// in front), which keeps the trainer's length slices exact.
+// what the block's attention reads there (AttentionContext::padded_input), and a row of n items
+// has max_len - n of them whatever width its batch was trimmed to, which keeps the trainer's
+// length slices exact. Copies of one key and value are one rank-one term of the attention's
+// sums (ops::LinrecPadKeys), so the op takes them as one key, one value and a count per row, and
+// they cost the same whatever their number.
+#include <algorithm>
 #include <cmath>
-#include <tuple>
-#include <utility>
 
 #include "models/backbone.h"
 #include "ops/linear_attention/linear_attention.h"
@@ -68,33 +69,31 @@ class LinrecAttentionImpl : public AttentionModuleImpl {
   // bfloat16 product, so the output projection reads it as it is).
   at::Tensor attend(const at::Tensor& p, AttentionContext& ctx) {
     const auto form = ctx.causal ? ops::LinrecForm::kCausal : ops::LinrecForm::kGlobal;
-    const int64_t width = p.size(1);
-    at::Tensor full = p, key_padding = ctx.key_padding;
-    if (pad_keys_) std::tie(full, key_padding) = with_dropped_slots(project(padded_input(ctx)), p, key_padding);
-    auto o = p.scalar_type() == at::kBFloat16 && qkv_->bias.scalar_type() != at::kBFloat16
-                 ? ops::linrec_attention_packed_bf16(full, qkv_->bias, heads_, key_padding, norm_, form)
-                 : ops::linrec_attention_packed(full, heads_, key_padding, norm_, form);
-    if (full.size(1) != width) o = o.narrow(1, full.size(1) - width, width);
+    const bool bf16 = p.scalar_type() == at::kBFloat16 && qkv_->bias.scalar_type() != at::kBFloat16;
+    const auto pad = pad_keys(padded_keys_values(ctx, bf16), ctx.key_padding);
+    auto o = bf16 ? ops::linrec_attention_packed_bf16(p, qkv_->bias, heads_, ctx.key_padding, norm_, form, pad)
+                  : ops::linrec_attention_packed(p, heads_, ctx.key_padding, norm_, form, pad);
     return o.reshape({-1, o.size(-1)});
   }
 
-  // --linrec_pad_keys: what attention reads at a padded slot, as [1, 1, D].
-  at::Tensor padded_input(const AttentionContext& ctx) const {
+  // --linrec_pad_keys: a padded slot's keys and values [2·D], the projection of what attention
+  // reads there, as the op takes them (float32 from a bfloat16 product and its bias where the
+  // rows' products are bfloat16); undefined without the flag.
+  at::Tensor padded_keys_values(const AttentionContext& ctx, bool bf16) {
+    if (!pad_keys_) return {};
     const int64_t d = qkv_->weight.size(1);
     auto in = ctx.padded_input.defined() ? ctx.padded_input : torch::zeros({d}, qkv_->weight.options());
-    return in.to(qkv_->weight.scalar_type()).view({1, 1, d});
+    in = in.to(qkv_->weight.scalar_type()).view({1, d});
+    auto qkv = bf16 ? ops::product_bf16(in, qkv_->weight).to(at::kFloat) + qkv_->bias : apply_linear(qkv_, in);
+    return qkv.view({-1}).narrow(0, d, 2 * d);
   }
 
-  // rows [b, L, W] with the max_len - L slots that trimming dropped put back in front, each
-  // `slot` [1, 1, W] (a padded slot's projection), and a key padding [b, max_len] (like `pad`)
-  // that masks none of them.
-  std::pair<at::Tensor, at::Tensor> with_dropped_slots(const at::Tensor& slot, const at::Tensor& rows,
-                                                       const at::Tensor& pad) const {
-    const int64_t dropped = max_len_ - rows.size(1);
-    auto full = dropped <= 0 ? rows
-                             : torch::cat({slot.to(rows.scalar_type()).expand({rows.size(0), dropped, rows.size(2)}),
-                                           rows}, 1);
-    return {full, torch::zeros({rows.size(0), full.size(1)}, pad.options())};
+  // The pad keys of rows with key padding `pad` [b, L]: each row has max(max_len, L) - n padded
+  // slots for its n items, the ones its batch was trimmed of included.
+  ops::LinrecPadKeys pad_keys(const at::Tensor& kv, const at::Tensor& pad) const {
+    if (!kv.defined()) return {};
+    auto count = std::max(max_len_, pad.size(1)) - pad.logical_not().sum(1);
+    return ops::linrec_pad_keys_packed(kv, heads_, count);
   }
 
   // The last slots' outputs from their rows `last` [R, D] and every slot `all`: split(q, kv, op)
@@ -103,32 +102,20 @@ class LinrecAttentionImpl : public AttentionModuleImpl {
   template <class Split>
   at::Tensor forward_last(const at::Tensor& last, const at::Tensor& all, const AttentionContext& ctx,
                           Split&& split) {
-    // --linrec_pad_keys: the slice's keys and values with the dropped padded slots in front, and
-    // no key masked; otherwise as they are.
-    auto keys = [&](const at::Tensor& pad_kv, const at::Tensor& kv, const at::Tensor& pad) {
-      return pad_keys_ ? with_dropped_slots(pad_kv, kv, pad) : std::make_pair(kv, pad);
-    };
-    // A padded slot's keys and values [1, 1, 2·D] as `products` gives every slot's.
-    auto padded = [&](auto&& products) {
-      if (!pad_keys_) return at::Tensor();
-      auto in = padded_input(ctx).view({1, -1});
-      return products(qkv_, in, in).keys_values.view({1, 1, -1});
-    };
-    if (ops::bf16_products(all)) {
+    const bool bf16 = ops::bf16_products(all);
+    const auto pad_kv = padded_keys_values(ctx, bf16);
+    if (bf16) {
       auto p = last_slot_products_bf16(qkv_, last, all);
-      const auto pad_kv = padded([](auto&&... a) { return last_slot_products_bf16(a...); });
       return apply_linear(out_, split(p.query, p.keys_values, [&](const at::Tensor& q, const at::Tensor& kv,
                                                                    const at::Tensor& pad) {
-        auto [k, kp] = keys(pad_kv, kv, pad);
-        return ops::linrec_attention_last_bf16(q, p.query_bias, k, p.keys_values_bias, heads_, kp, norm_);
+        return ops::linrec_attention_last_bf16(q, p.query_bias, kv, p.keys_values_bias, heads_, pad, norm_,
+                                               pad_keys(pad_kv, pad));
       }));
     }
     auto p = project_for_last_slot(qkv_, last, all);
-    const auto pad_kv = padded([](auto&&... a) { return project_for_last_slot(a...); });
     return apply_linear(out_, split(p.query, p.keys_values, [&](const at::Tensor& q, const at::Tensor& kv,
                                                                  const at::Tensor& pad) {
-      auto [k, kp] = keys(pad_kv, kv, pad);
-      return ops::linrec_attention_last(q, k, heads_, kp, norm_);
+      return ops::linrec_attention_last(q, kv, heads_, pad, norm_, pad_keys(pad_kv, pad));
     }));
   }
 

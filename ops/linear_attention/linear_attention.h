@@ -55,21 +55,37 @@ enum class LinrecForm { kCausal, kGlobal };
 LinrecForm parse_linrec_form(const std::string& name);  // "causal" | "global"
 const char* linrec_form_name(LinrecForm form);
 
+// Extra keys for LinRec's released code, which masks nothing (--linrec_pad_keys): count[b]
+// copies of one key and value taking part in sequence b's sums and norms as real keys do, ahead
+// of every slot (so in the causal form every query sees all of them). key [H, Dk] before ELU,
+// value [H, Dv], in the op's dtype (float32 for the bfloat16 entries) and on its device; count
+// [B] int64 >= 0. Copies of one key are one rank-one term of KᵀV, one term of the key norms and
+// of the count, so they cost O(H·Dk·Dv) per sequence whatever their number; key and value get
+// gradients (each sequence's, summed in order).
+struct LinrecPadKeys {
+  at::Tensor key, value, count;
+  bool defined() const { return count.defined(); }
+};
+// The same from a packed key-then-value row kv [2·D] (`heads` heads of D / heads each).
+LinrecPadKeys linrec_pad_keys_packed(const at::Tensor& kv, int64_t heads, const at::Tensor& count);
+
 // q, k, v: [B, H, L, Dh]; key_padding [B, L] bool, true at padded slots. Padded keys take no
 // part (neither in the sums nor in the norms); outputs at padded slots are not defined beyond
-// being finite (callers zero them). On the CPU (float, double, unless --fused_kernels=false) the
-// global form with the paper's normalisation runs linrec_fused.cpp's kernel: ELU, the
-// normalisation and the product in two passes per sequence each way, its output laid out
-// [B, L, H, Dv] (merging the heads is a view); every other case runs linrec_attention_reference.
+// being finite (callers zero them). `pad_keys` (optional) adds its copies to every sequence.
+// On the CPU (float, double, unless --fused_kernels=false) the global form with the paper's
+// normalisation runs linrec_fused.cpp's kernel: ELU, the normalisation and the product in two
+// passes per sequence each way, its output laid out [B, L, H, Dv] (merging the heads is a view);
+// every other case runs linrec_attention_reference.
 at::Tensor linrec_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form);
+                            const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form,
+                            const LinrecPadKeys& pad_keys = {});
 
 // The same op on the packed projection the model computes: qkv [B, L, 3·D] (queries, keys,
 // values, each `heads` heads of D / heads) -> [B, L, D], the heads merged. On the CPU the fused
 // kernel reads the heads in place and returns qkv's gradient as one tensor; elsewhere the heads
 // are split, passed to linrec_attention and merged.
 at::Tensor linrec_attention_packed(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_padding,
-                                   LinrecNorm norm, LinrecForm form);
+                                   LinrecNorm norm, LinrecForm form, const LinrecPadKeys& pad_keys = {});
 
 // The global form at the last slot alone: q [B, D] (the last slot's query projection) and kv
 // [B, L, 2·D] (every slot's keys, then values), `heads` heads of D / heads -> [B, D], equal to
@@ -78,7 +94,7 @@ at::Tensor linrec_attention_packed(const at::Tensor& qkv, int64_t heads, const a
 // with the paper's normalisation linrec_fused.cpp's kernel walks the keys and one query; every
 // other case runs linrec_attention_reference with one query row.
 at::Tensor linrec_attention_last(const at::Tensor& q, const at::Tensor& kv, int64_t heads,
-                                 const at::Tensor& key_padding, LinrecNorm norm);
+                                 const at::Tensor& key_padding, LinrecNorm norm, const LinrecPadKeys& pad_keys = {});
 
 // `--matmul_precision medium`'s forms of the two entries above: each projection as
 // ops::product_bf16 returns it, a bfloat16 product before its float32 bias, and the output in
@@ -91,17 +107,19 @@ at::Tensor linrec_attention_last(const at::Tensor& q, const at::Tensor& kv, int6
 // arithmetic, so the same bits; the biases' gradients are each sequence's sums in float, added
 // in order in double, the same at any thread count); every other case runs that composition.
 at::Tensor linrec_attention_packed_bf16(const at::Tensor& product, const at::Tensor& bias, int64_t heads,
-                                        const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form);
+                                        const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form,
+                                        const LinrecPadKeys& pad_keys = {});
 at::Tensor linrec_attention_last_bf16(const at::Tensor& q, const at::Tensor& q_bias, const at::Tensor& kv,
                                       const at::Tensor& kv_bias, int64_t heads, const at::Tensor& key_padding,
-                                      LinrecNorm norm);
+                                      LinrecNorm norm, const LinrecPadKeys& pad_keys = {});
 
 // The ATen composition of the same op (ELU, the norms, the scale, then causal_linear_attention
 // or global_linear_attention), differentiated by autograd: what the fused kernel is tested
 // against, and what runs on other devices. In the global form q may hold fewer rows than k
 // ([B, H, Lq, Dh]; each sees every real key).
 at::Tensor linrec_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                      const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form);
+                                      const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form,
+                                      const LinrecPadKeys& pad_keys = {});
 
 // Whether the fused CPU kernels of this folder (the products' and LinRec's) take q: fused
 // kernels on, q on the CPU, float or double.
@@ -109,13 +127,15 @@ bool cpu_kernel_takes(const at::Tensor& q);
 
 // The fused LinRec kernel's entries (linrec_fused.cpp), for the ones above: no argument checks.
 at::Tensor linrec_global_paper_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                     const at::Tensor& key_padding);
-at::Tensor linrec_global_paper_packed(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_padding);
+                                     const at::Tensor& key_padding, const LinrecPadKeys& pad_keys = {});
+at::Tensor linrec_global_paper_packed(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_padding,
+                                      const LinrecPadKeys& pad_keys = {});
 at::Tensor linrec_global_paper_last(const at::Tensor& q, const at::Tensor& kv, int64_t heads,
-                                    const at::Tensor& key_padding);
+                                    const at::Tensor& key_padding, const LinrecPadKeys& pad_keys = {});
 at::Tensor linrec_global_paper_packed_bf16(const at::Tensor& product, const at::Tensor& bias, int64_t heads,
-                                          const at::Tensor& key_padding);
+                                          const at::Tensor& key_padding, const LinrecPadKeys& pad_keys = {});
 at::Tensor linrec_global_paper_last_bf16(const at::Tensor& q, const at::Tensor& q_bias, const at::Tensor& kv,
-                                         const at::Tensor& kv_bias, int64_t heads, const at::Tensor& key_padding);
+                                         const at::Tensor& kv_bias, int64_t heads, const at::Tensor& key_padding,
+                                         const LinrecPadKeys& pad_keys = {});
 
 }  // namespace seqrec::ops

@@ -93,43 +93,79 @@ void check_linrec_args(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   detail::check_key_padding(key_padding, k.size(0), k.size(2));
 }
 
+// Pad keys for B sequences of H heads, keys Dk and values Dv wide, of `dtype` on `device`.
+void check_pad_keys(const LinrecPadKeys& p, int64_t B, int64_t H, int64_t Dk, int64_t Dv, at::ScalarType dtype,
+                    at::Device device) {
+  if (!p.defined()) return;
+  TORCH_CHECK(p.key.defined() && p.value.defined() && p.key.dim() == 2 && p.key.size(0) == H &&
+                  p.key.size(1) == Dk && p.value.dim() == 2 && p.value.size(0) == H && p.value.size(1) == Dv,
+              "pad_keys: key must be [H, Dk] = [", H, ", ", Dk, "] and value [H, Dv] = [", H, ", ", Dv, "]; got key ",
+              p.key.defined() ? p.key.sizes() : at::IntArrayRef{}, " value ",
+              p.value.defined() ? p.value.sizes() : at::IntArrayRef{});
+  TORCH_CHECK(p.key.scalar_type() == dtype && p.value.scalar_type() == dtype && p.key.device() == device &&
+                  p.value.device() == device,
+              "pad_keys: key and value must be ", dtype, " on ", device, "; got ", p.key.scalar_type(), " on ",
+              p.key.device(), " and ", p.value.scalar_type(), " on ", p.value.device());
+  TORCH_CHECK(p.count.dim() == 1 && p.count.size(0) == B && p.count.scalar_type() == at::kLong &&
+                  p.count.device() == device,
+              "pad_keys: count must be int64 [B] = [", B, "] on ", device, "; got ", p.count.scalar_type(), " ",
+              p.count.sizes(), " on ", p.count.device());
+  // A device's counts would cost a synchronisation to read; the CPU's are read here.
+  if (device.is_cpu() && B > 0) {
+    const int64_t least = p.count.min().item<int64_t>();
+    TORCH_CHECK(least >= 0, "pad_keys: count must be >= 0; got ", least);
+  }
+}
+
 }  // namespace
 
+LinrecPadKeys linrec_pad_keys_packed(const at::Tensor& kv, int64_t heads, const at::Tensor& count) {
+  TORCH_CHECK(kv.dim() == 1 && heads > 0 && kv.size(0) % (2 * heads) == 0,
+              "pad_keys: kv must be [2·D] with D split into ", heads, " heads; got ", kv.sizes());
+  const int64_t D = kv.size(0) / 2;
+  return {kv.narrow(0, 0, D).view({heads, D / heads}), kv.narrow(0, D, D).view({heads, D / heads}), count};
+}
+
 at::Tensor linrec_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form) {
+                            const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form,
+                            const LinrecPadKeys& pad_keys) {
   check_linrec_args(q, k, v, key_padding);
+  check_pad_keys(pad_keys, k.size(0), k.size(1), k.size(3), v.size(3), q.scalar_type(), q.device());
   if (norm == LinrecNorm::kPaper && form == LinrecForm::kGlobal && cpu_kernel_takes(q))
-    return linrec_global_paper_fused(q, k, v, key_padding);
-  return linrec_attention_reference(q, k, v, key_padding, norm, form);
+    return linrec_global_paper_fused(q, k, v, key_padding, pad_keys);
+  return linrec_attention_reference(q, k, v, key_padding, norm, form, pad_keys);
 }
 
 at::Tensor linrec_attention_packed(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_padding,
-                                   LinrecNorm norm, LinrecForm form) {
+                                   LinrecNorm norm, LinrecForm form, const LinrecPadKeys& pad_keys) {
   TORCH_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0, "qkv must be [B, L, 3·D]; got ", qkv.sizes());
   const int64_t B = qkv.size(0), L = qkv.size(1), D = qkv.size(2) / 3;
   TORCH_CHECK(heads > 0 && D % heads == 0, "the width ", D, " must split into heads; got heads = ", heads);
   if (norm == LinrecNorm::kPaper && form == LinrecForm::kGlobal && cpu_kernel_takes(qkv)) {
     detail::check_key_padding(key_padding, B, L);
-    return linrec_global_paper_packed(qkv, heads, key_padding);
+    check_pad_keys(pad_keys, B, heads, D / heads, D / heads, qkv.scalar_type(), qkv.device());
+    return linrec_global_paper_packed(qkv, heads, key_padding, pad_keys);
   }
   auto split = qkv.reshape({B, L, 3, heads, D / heads}).permute({2, 0, 3, 1, 4});  // 3 x [B, H, L, D / H]
-  auto out = linrec_attention(split[0], split[1], split[2], key_padding, norm, form);
+  auto out = linrec_attention(split[0], split[1], split[2], key_padding, norm, form, pad_keys);
   return out.transpose(1, 2).reshape({B, L, D});
 }
 
 at::Tensor linrec_attention_last(const at::Tensor& q, const at::Tensor& kv, int64_t heads,
-                                 const at::Tensor& key_padding, LinrecNorm norm) {
+                                 const at::Tensor& key_padding, LinrecNorm norm, const LinrecPadKeys& pad_keys) {
   TORCH_CHECK(q.dim() == 2 && kv.dim() == 3 && kv.size(0) == q.size(0) && kv.size(2) == 2 * q.size(1),
               "linrec_attention_last takes q [B, D] and kv [B, L, 2·D]; got q ", q.sizes(), " kv ", kv.sizes());
   const int64_t B = kv.size(0), L = kv.size(1), D = q.size(1);
   TORCH_CHECK(heads > 0 && D % heads == 0, "the width ", D, " must split into heads; got heads = ", heads);
   detail::check_key_padding(key_padding, B, L);
+  check_pad_keys(pad_keys, B, heads, D / heads, D / heads, kv.scalar_type(), kv.device());
   if (norm == LinrecNorm::kPaper && cpu_kernel_takes(kv) && q.scalar_type() == kv.scalar_type() &&
       q.device() == kv.device())
-    return linrec_global_paper_last(q, kv, heads, key_padding);
+    return linrec_global_paper_last(q, kv, heads, key_padding, pad_keys);
   auto split = kv.reshape({B, L, 2, heads, D / heads}).permute({2, 0, 3, 1, 4});  // 2 x [B, H, L, D / H]
   auto qh = q.reshape({B, heads, 1, D / heads});
-  return linrec_attention_reference(qh, split[0], split[1], key_padding, norm, LinrecForm::kGlobal).reshape({B, D});
+  return linrec_attention_reference(qh, split[0], split[1], key_padding, norm, LinrecForm::kGlobal, pad_keys)
+      .reshape({B, D});
 }
 
 namespace {
@@ -154,21 +190,23 @@ bool fused_bf16_takes(const at::Tensor& product) {
 }  // namespace
 
 at::Tensor linrec_attention_packed_bf16(const at::Tensor& product, const at::Tensor& bias, int64_t heads,
-                                        const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form) {
+                                        const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form,
+                                        const LinrecPadKeys& pad_keys) {
   check_product_and_bias(product, bias, "product");
   TORCH_CHECK(product.dim() == 3 && product.size(2) % 3 == 0, "product must be [B, L, 3·D]; got ", product.sizes());
   const int64_t D = product.size(2) / 3;
   TORCH_CHECK(heads > 0 && D % heads == 0, "the width ", D, " must split into heads; got heads = ", heads);
   if (norm == LinrecNorm::kPaper && form == LinrecForm::kGlobal && fused_bf16_takes(product)) {
     detail::check_key_padding(key_padding, product.size(0), product.size(1));
-    return linrec_global_paper_packed_bf16(product, bias, heads, key_padding);
+    check_pad_keys(pad_keys, product.size(0), heads, D / heads, D / heads, at::kFloat, product.device());
+    return linrec_global_paper_packed_bf16(product, bias, heads, key_padding, pad_keys);
   }
-  return linrec_attention_packed(biased(product, bias), heads, key_padding, norm, form).to(at::kBFloat16);
+  return linrec_attention_packed(biased(product, bias), heads, key_padding, norm, form, pad_keys).to(at::kBFloat16);
 }
 
 at::Tensor linrec_attention_last_bf16(const at::Tensor& q, const at::Tensor& q_bias, const at::Tensor& kv,
                                       const at::Tensor& kv_bias, int64_t heads, const at::Tensor& key_padding,
-                                      LinrecNorm norm) {
+                                      LinrecNorm norm, const LinrecPadKeys& pad_keys) {
   check_product_and_bias(q, q_bias, "q");
   check_product_and_bias(kv, kv_bias, "kv");
   TORCH_CHECK(q.dim() == 2 && kv.dim() == 3 && kv.size(0) == q.size(0) && kv.size(2) == 2 * q.size(1) &&
@@ -178,14 +216,18 @@ at::Tensor linrec_attention_last_bf16(const at::Tensor& q, const at::Tensor& q_b
   TORCH_CHECK(heads > 0 && D % heads == 0, "the width ", D, " must split into heads; got heads = ", heads);
   if (norm == LinrecNorm::kPaper && fused_bf16_takes(kv)) {
     detail::check_key_padding(key_padding, kv.size(0), kv.size(1));
-    return linrec_global_paper_last_bf16(q, q_bias, kv, kv_bias, heads, key_padding);
+    check_pad_keys(pad_keys, kv.size(0), heads, D / heads, D / heads, at::kFloat, kv.device());
+    return linrec_global_paper_last_bf16(q, q_bias, kv, kv_bias, heads, key_padding, pad_keys);
   }
-  return linrec_attention_last(biased(q, q_bias), biased(kv, kv_bias), heads, key_padding, norm).to(at::kBFloat16);
+  return linrec_attention_last(biased(q, q_bias), biased(kv, kv_bias), heads, key_padding, norm, pad_keys)
+      .to(at::kBFloat16);
 }
 
 at::Tensor linrec_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                      const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form) {
+                                      const at::Tensor& key_padding, LinrecNorm norm, LinrecForm form,
+                                      const LinrecPadKeys& pad_keys) {
   check_linrec_args(q, k, v, key_padding, /*fewer_queries=*/form == LinrecForm::kGlobal);
+  check_pad_keys(pad_keys, k.size(0), k.size(1), k.size(3), v.size(3), q.scalar_type(), q.device());
   const double dh = static_cast<double>(q.size(3));
   // [B, 1, L, 1]: 1 at real slots, 0 at padding. Padded keys are zeroed, so they and their
   // values vanish from every sum (each product pairs a value with its own key).
@@ -199,10 +241,26 @@ at::Tensor linrec_attention_reference(const at::Tensor& q, const at::Tensor& k, 
     return a.size(2) == b.size(2) ? global_linear_attention(a, b, c) : global_linear_attention_reference(a, b, c);
   };
 
+  // --linrec_pad_keys: count copies of one key (after ELU, [1, H, 1, Dk]) and value ([1, H, 1, Dv])
+  // ahead of every slot; cnt [B, 1, 1, 1]. Their share of a query's output is one product with the
+  // key, the copies' sum of squares one term of the column sums, their number one of the count.
+  const bool padded = pad_keys.defined();
+  at::Tensor pk, pv, cnt;
+  if (padded) {
+    pk = torch::elu(pad_keys.key).unsqueeze(0).unsqueeze(2);
+    pv = pad_keys.value.unsqueeze(0).unsqueeze(2);
+    cnt = pad_keys.count.to(q.scalar_type()).view({-1, 1, 1, 1});
+  }
+  // out plus the pad keys' share for queries w against key kp: (w · kp) · count · value.
+  auto with_pad_keys = [&](at::Tensor out, const at::Tensor& w, const at::Tensor& kp) {
+    return padded ? out + (w * kp).sum(-1, true) * cnt * pv : out;
+  };
+
   if (norm == LinrecNorm::kCode) {
     auto qn = qe / qe.norm(2, -1, true).clamp_min(kEps);
     auto kn = ke / ke.norm(2, -1, true).clamp_min(kEps);
     at::Tensor out = causal ? causal_linear_attention(qn, kn, vr) : global(qn, kn, vr);
+    if (padded) out = with_pad_keys(out, qn, pk / pk.norm(2, -1, true).clamp_min(kEps));
     return out / std::sqrt(dh);
   }
 
@@ -219,9 +277,13 @@ at::Tensor linrec_attention_reference(const at::Tensor& q, const at::Tensor& k, 
     col_sq = (ke * ke).sum(2, true);                         // [B, H, 1, Dh]
     count = real.sum(2, true);                               // [B, 1, 1, 1]
   }
+  if (padded) {
+    col_sq = col_sq + cnt * pk * pk;
+    count = count + cnt;
+  }
   auto scale = (col_sq.clamp_min(kEps) * count.clamp_min(1.0)).rsqrt();
   auto qt = qn * scale;
-  return causal ? causal_linear_attention(qt, ke, vr) : global(qt, ke, vr);
+  return with_pad_keys(causal ? causal_linear_attention(qt, ke, vr) : global(qt, ke, vr), qt, pk);
 }
 
 }  // namespace seqrec::ops

@@ -21,6 +21,10 @@
 // ATen passes forward and twenty backward around the product, cost more than the product itself
 // (docs/benchmarks.md).
 //
+// Pad keys (LinrecPadKeys: count[b] copies of one key and value per sequence) are one more term
+// of c, of S and of n in the forward; backward, the key's gradient is count · (G v + 2 dc ⊙ ke)
+// through ELU and the value's count · Gᵀ ke, per sequence, summed over the sequences in order.
+//
 // Three entries share the kernels: q, k, v as separate [B, H, L, Dh] tensors (strided along B, H
 // and L; output laid out [B, L, H, Dv], returned as its [B, H, L, Dv] view); the packed
 // projection [B, L, 3·D] the model computes (output [B, L, D], gradient [B, L, 3·D]: splitting
@@ -71,6 +75,19 @@ struct Args {
   const bool* pad;  // [B, L], true at padded slots
   int64_t B, H, L, D, E;
   int64_t Lq;  // the queries (L, or 1 for the last slot alone): the global form lets each see every key
+  // Pad keys, or null: the key [H x D] before ELU, the value [H x E], each sequence's count [B].
+  const T* pad_key = nullptr;
+  const T* pad_value = nullptr;
+  const int64_t* pad_count = nullptr;
+  int64_t pad_keys(int64_t b) const { return pad_count ? pad_count[b] : 0; }
+};
+
+// Where the backward writes each sequence's gradients of the pad key [B x H x D] and value
+// [B x H x E] (null: no pad keys).
+template <typename T>
+struct PadGrads {
+  T* key = nullptr;
+  T* value = nullptr;
 };
 
 // Scratch per thread for one sequence's H heads, the larger of the two passes' needs: forward
@@ -151,6 +168,21 @@ __attribute__((always_inline)) inline void forward_keys(const T* const* ke, cons
   for (int r = 0; r < cnt; ++r) add_outer<T, kE>(S, ke[r], vt[r], D, E);
 }
 
+// The pad keys' share of the forward for one head: `count` copies of key k (before ELU) and value
+// v, one term of c and one rank-1 term of S. buf: scratch [D].
+template <typename T, int kE>
+__attribute__((always_inline)) inline void forward_pad_keys(const T* __restrict__ k, const T* __restrict__ v,
+                                                            T count, int64_t D, int64_t E, T* __restrict__ buf,
+                                                            T* __restrict__ S, T* __restrict__ c) {
+  elu_row(k, buf, D);
+#pragma omp simd
+  for (int64_t i = 0; i < D; ++i) {
+    c[i] += count * buf[i] * buf[i];
+    buf[i] *= count;
+  }
+  add_outer<T, kE>(S, buf, v, D, E);
+}
+
 // Forward of sequence b, all H heads together: each pass walks the slots once and, at each slot,
 // every head, so that a packed projection's rows are read in order (a head's rows alone sit a
 // whole row apart, a stride the hardware prefetchers do not follow). S [H x D x E] and c [H x D]
@@ -187,6 +219,12 @@ __attribute__((always_inline)) inline void forward_seq(const Args<T>& a, int64_t
   }
   for (int64_t h = 0; h < H; ++h)
     forward_keys<T, kE>(ke + h * kGroup, vt + h * kGroup, g, D, E, S + h * D * E, c + h * D);
+  if (const int64_t np = a.pad_keys(b); np > 0) {
+    for (int64_t h = 0; h < H; ++h)
+      forward_pad_keys<T, kE>(a.pad_key + h * D, a.pad_value + h * E, static_cast<T>(np), D, E, rows,
+                              S + h * D * E, c + h * D);
+    n += np;
+  }
 
   const T nn = static_cast<T>(std::max<int64_t>(n, 1)), inv_sqrt_d = T(1) / std::sqrt(static_cast<T>(D));
   for (int64_t h = 0; h < H; ++h) column_scales(c + h * D, nn, D, s + h * D);
@@ -303,12 +341,32 @@ __attribute__((always_inline)) inline void backward_keys(const T* const* kraw, c
     for (int r = 0; r < cnt; ++r) weighted_rows<T, kE>(ke[r], G, D, E, gv[r]);
 }
 
+// The pad keys' share of the backward for one head: `count` copies of key k (before ELU) and
+// value v give gk = count · (G v + 2 dc ⊙ elu(k)) through ELU and gv = count · Gᵀ elu(k).
+// buf: scratch [2·D].
+template <typename T, int kD, int kE>
+__attribute__((always_inline)) inline void backward_pad_keys(const T* __restrict__ k, const T* __restrict__ v,
+                                                             T count, int64_t D, int64_t E, const T* __restrict__ G,
+                                                             const T* __restrict__ GT, const T* __restrict__ dc,
+                                                             T* __restrict__ buf, T* __restrict__ gk,
+                                                             T* __restrict__ gv) {
+  T* __restrict__ e = buf;
+  T* __restrict__ gw = buf + D;
+  elu_row(k, e, D);
+  weighted_rows<T, kD>(v, GT, E, D, gw);
+#pragma omp simd
+  for (int64_t i = 0; i < D; ++i) gk[i] = count * (gw[i] + T(2) * dc[i] * e[i]) * (k[i] > T(0) ? T(1) : e[i] + T(1));
+  weighted_rows<T, kE>(e, G, D, E, gv);
+#pragma omp simd
+  for (int64_t j = 0; j < E; ++j) gv[j] *= count;
+}
+
 // Backward of sequence b, all heads together (as forward_seq walks them).
 template <typename T, int kD, int kE>
 __attribute__((always_inline)) inline void backward_seq(const Args<T>& a, int64_t b, View<const T> g,
                                                         const T* __restrict__ S, const T* __restrict__ c, View<T> gq,
-                                                        View<T> gk, View<T> gv, T* scratch, const T** cptrs,
-                                                        T** mptrs, QueryRow<T>* qrows) {
+                                                        View<T> gk, View<T> gv, PadGrads<T> gpad, T* scratch,
+                                                        const T** cptrs, T** mptrs, QueryRow<T>* qrows) {
   const int64_t D = kD > 0 ? kD : a.D, E = kE > 0 ? kE : a.E, L = a.L, H = a.H, DE = D * E;
   const bool* pad = a.pad + b * L;
   T* __restrict__ ST = scratch;            // [H x E x D]
@@ -318,7 +376,8 @@ __attribute__((always_inline)) inline void backward_seq(const Args<T>& a, int64_
   T* __restrict__ ds = s + H * D;          // [H x D]
   T* __restrict__ dc = ds + H * D;         // [H x D]
   T* __restrict__ rows = dc + H * D;       // [H x kGroup] x (e, u, w, gw), each [D]
-  int64_t n = 0;
+  const int64_t np = a.pad_keys(b);
+  int64_t n = np;
   for (int64_t t = 0; t < L; ++t) n += pad[t] ? 0 : 1;
   const T nn = static_cast<T>(std::max<int64_t>(n, 1)), inv_sqrt_d = T(1) / std::sqrt(static_cast<T>(D));
   for (int64_t h = 0; h < H; ++h) {
@@ -429,6 +488,17 @@ __attribute__((always_inline)) inline void backward_seq(const Args<T>& a, int64_
     backward_keys<T, kD, kE>(kraw + j, ke + j, vt + j, gkt + j, gvt + j, gw + j, cnt, D, E, G + h * DE, GT + h * DE,
                              dc + h * D);
   }
+  if (!gpad.key) return;
+  T* gpk = gpad.key + b * H * D;
+  T* gpv = gpad.value + b * H * E;
+  if (np == 0) {
+    std::fill(gpk, gpk + H * D, T(0));
+    std::fill(gpv, gpv + H * E, T(0));
+    return;
+  }
+  for (int64_t h = 0; h < H; ++h)
+    backward_pad_keys<T, kD, kE>(a.pad_key + h * D, a.pad_value + h * E, static_cast<T>(np), D, E, G + h * DE,
+                                 GT + h * DE, dc + h * D, rows, gpk + h * D, gpv + h * E);
 }
 
 // Sequences [begin, end) of B, each with all its heads, for one width specialisation; compiled
@@ -447,13 +517,13 @@ __attribute__((always_inline)) inline void forward_range_any(const Args<T>& a, V
 template <typename T, int kD, int kE>
 __attribute__((always_inline)) inline void backward_range_any(const Args<T>& a, View<const T> g, const T* S,
                                                               const T* c, View<T> gq, View<T> gk, View<T> gv,
-                                                              int64_t begin, int64_t end) {
+                                                              PadGrads<T> gpad, int64_t begin, int64_t end) {
   std::vector<T> scratch(scratch_elements(a.H, a.D, a.E));
   std::vector<const T*> cptrs(3 * a.H * kGroup);
   std::vector<T*> mptrs(3 * a.H * kGroup);
   std::vector<QueryRow<T>> qrows(a.H * kGroup);
   for (int64_t b = begin; b < end; ++b)
-    backward_seq<T, kD, kE>(a, b, g, S + b * a.H * a.D * a.E, c + b * a.H * a.D, gq, gk, gv, scratch.data(),
+    backward_seq<T, kD, kE>(a, b, g, S + b * a.H * a.D * a.E, c + b * a.H * a.D, gq, gk, gv, gpad, scratch.data(),
                             cptrs.data(), mptrs.data(), qrows.data());
 }
 
@@ -463,8 +533,8 @@ void forward_range(const Args<T>& a, View<T> out, T* S, T* c, int64_t begin, int
 }
 template <typename T, int kD, int kE>
 void backward_range(const Args<T>& a, View<const T> g, const T* S, const T* c, View<T> gq, View<T> gk, View<T> gv,
-                    int64_t begin, int64_t end) {
-  backward_range_any<T, kD, kE>(a, g, S, c, gq, gk, gv, begin, end);
+                    PadGrads<T> gpad, int64_t begin, int64_t end) {
+  backward_range_any<T, kD, kE>(a, g, S, c, gq, gk, gv, gpad, begin, end);
 }
 #if SEQREC_CPU_X86
 template <typename T, int kD, int kE>
@@ -473,8 +543,8 @@ SEQREC_CPU_AVX2 void forward_range_avx2(const Args<T>& a, View<T> out, T* S, T* 
 }
 template <typename T, int kD, int kE>
 SEQREC_CPU_AVX2 void backward_range_avx2(const Args<T>& a, View<const T> g, const T* S, const T* c, View<T> gq,
-                                         View<T> gk, View<T> gv, int64_t begin, int64_t end) {
-  backward_range_any<T, kD, kE>(a, g, S, c, gq, gk, gv, begin, end);
+                                         View<T> gk, View<T> gv, PadGrads<T> gpad, int64_t begin, int64_t end) {
+  backward_range_any<T, kD, kE>(a, g, S, c, gq, gk, gv, gpad, begin, end);
 }
 template <typename T, int kD, int kE>
 SEQREC_CPU_AVX512 void forward_range_avx512(const Args<T>& a, View<T> out, T* S, T* c, int64_t begin, int64_t end) {
@@ -482,8 +552,9 @@ SEQREC_CPU_AVX512 void forward_range_avx512(const Args<T>& a, View<T> out, T* S,
 }
 template <typename T, int kD, int kE>
 SEQREC_CPU_AVX512 void backward_range_avx512(const Args<T>& a, View<const T> g, const T* S, const T* c, View<T> gq,
-                                             View<T> gk, View<T> gv, int64_t begin, int64_t end) {
-  backward_range_any<T, kD, kE>(a, g, S, c, gq, gk, gv, begin, end);
+                                             View<T> gk, View<T> gv, PadGrads<T> gpad, int64_t begin,
+                                             int64_t end) {
+  backward_range_any<T, kD, kE>(a, g, S, c, gq, gk, gv, gpad, begin, end);
 }
 #endif
 
@@ -516,16 +587,68 @@ at::Tensor heads_of(const at::Tensor& packed, int64_t H, int64_t W, int64_t col)
   return packed.as_strided({B, H, L, W}, {packed.stride(0), W, packed.stride(1), 1}, packed.storage_offset() + col);
 }
 
+// Pad keys as the kernels read them: key [H, D], value [H, E] and count [B], contiguous
+// (undefined: none).
+struct PadTensors {
+  at::Tensor key, value, count;
+  PadTensors() = default;
+  PadTensors(const at::Tensor& k, const at::Tensor& v, const at::Tensor& n) {
+    if (!n.defined() || k.dim() != 2) return;  // none (Padded's stand-ins)
+    key = k.contiguous();
+    value = v.contiguous();
+    count = n.contiguous();
+  }
+  template <typename T>
+  void set(Args<T>& a) const {
+    if (!count.defined()) return;
+    a.pad_key = key.data_ptr<T>();
+    a.pad_value = value.data_ptr<T>();
+    a.pad_count = count.data_ptr<int64_t>();
+  }
+};
+
+// Each sequence's pad-key gradients as the backward writes them ([B, H, D] and [B, H, E]), and
+// their sums over the sequences, added in order in double (the same at any thread count).
+struct PadGradTensors {
+  at::Tensor key, value;  // per sequence
+  PadGradTensors(const PadTensors& p, int64_t B) {
+    if (!p.count.defined()) return;
+    key = torch::empty({B, p.key.size(0), p.key.size(1)}, p.key.options());
+    value = torch::empty({B, p.value.size(0), p.value.size(1)}, p.value.options());
+  }
+  template <typename T>
+  PadGrads<T> grads() const {
+    return key.defined() ? PadGrads<T>{key.data_ptr<T>(), value.data_ptr<T>()} : PadGrads<T>{};
+  }
+  static at::Tensor summed(const at::Tensor& per_sequence) {
+    if (!per_sequence.defined()) return {};
+    const int64_t B = per_sequence.size(0);
+    int64_t N = 1;
+    for (int64_t d = 1; d < per_sequence.dim(); ++d) N *= per_sequence.size(d);
+    auto d = per_sequence.to(at::kDouble).reshape({B, N});
+    std::vector<double> total(N, 0.0);
+    const double* p = d.data_ptr<double>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < N; ++i) total[i] += p[b * N + i];
+    auto out = torch::empty({N}, at::kDouble);
+    std::copy(total.begin(), total.end(), out.data_ptr<double>());
+    return out.to(per_sequence.scalar_type()).view(per_sequence.sizes().slice(1));
+  }
+  at::Tensor key_sum() const { return summed(key); }
+  at::Tensor value_sum() const { return summed(value); }
+};
+
 // Both passes of either direction over all B·H sequences. k, v, gk, gv: [B, H, L, *]; q, out, g, gq:
 // [B, H, Lq, *]; all with unit stride along the last dimension; S [B, H, D, E] and c [B, H, D]
 // contiguous.
 void launch_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pad,
-                    const at::Tensor& out, const at::Tensor& S, const at::Tensor& c) {
+                    const PadTensors& pad_keys, const at::Tensor& out, const at::Tensor& S, const at::Tensor& c) {
   const int64_t B = q.size(0), H = q.size(1), L = k.size(2), D = q.size(3), E = v.size(3);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "linrec_global_paper_fused", [&] {
     using T = scalar_t;
-    const Args<T> a{view_of<const T>(q), view_of<const T>(k), view_of<const T>(v), pad.data_ptr<bool>(), B, H, L, D, E,
-                    q.size(2)};
+    Args<T> a{view_of<const T>(q), view_of<const T>(k), view_of<const T>(v), pad.data_ptr<bool>(), B, H, L, D, E,
+              q.size(2)};
+    pad_keys.set(a);
     const View<T> o = view_of<T>(out);
     T *Sp = S.data_ptr<T>(), *cp = c.data_ptr<T>();
     with_width(D, E, [&](auto width) {
@@ -542,29 +665,35 @@ void launch_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   });
 }
 
-void launch_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pad,
-                     const at::Tensor& S, const at::Tensor& c, const at::Tensor& g, const at::Tensor& gq,
-                     const at::Tensor& gk, const at::Tensor& gv) {
+// Returns the pad keys' gradients, summed over the sequences (undefined without pad keys).
+std::pair<at::Tensor, at::Tensor> launch_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                  const at::Tensor& pad, const PadTensors& pad_keys,
+                                                  const at::Tensor& S, const at::Tensor& c, const at::Tensor& g,
+                                                  const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& gv) {
   const int64_t B = q.size(0), H = q.size(1), L = k.size(2), D = q.size(3), E = v.size(3);
+  const PadGradTensors gpad(pad_keys, B);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "linrec_global_paper_fused_backward", [&] {
     using T = scalar_t;
-    const Args<T> a{view_of<const T>(q), view_of<const T>(k), view_of<const T>(v), pad.data_ptr<bool>(), B, H, L, D, E,
-                    q.size(2)};
+    Args<T> a{view_of<const T>(q), view_of<const T>(k), view_of<const T>(v), pad.data_ptr<bool>(), B, H, L, D, E,
+              q.size(2)};
+    pad_keys.set(a);
     const View<const T> gout = view_of<const T>(g);
     const View<T> gqv = view_of<T>(gq), gkv = view_of<T>(gk), gvv = view_of<T>(gv);
+    const PadGrads<T> gp = gpad.grads<T>();
     const T *Sp = S.data_ptr<T>(), *cp = c.data_ptr<T>();
     with_width(D, E, [&](auto width) {
       constexpr int W = decltype(width)::value;
       at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
 #if SEQREC_CPU_X86
         if constexpr (W == 16)
-          if (cpu_has_avx512()) return backward_range_avx512<T, W, W>(a, gout, Sp, cp, gqv, gkv, gvv, begin, end);
-        if (cpu_has_avx2_fma()) return backward_range_avx2<T, W, W>(a, gout, Sp, cp, gqv, gkv, gvv, begin, end);
+          if (cpu_has_avx512()) return backward_range_avx512<T, W, W>(a, gout, Sp, cp, gqv, gkv, gvv, gp, begin, end);
+        if (cpu_has_avx2_fma()) return backward_range_avx2<T, W, W>(a, gout, Sp, cp, gqv, gkv, gvv, gp, begin, end);
 #endif
-        backward_range<T, W, W>(a, gout, Sp, cp, gqv, gkv, gvv, begin, end);
+        backward_range<T, W, W>(a, gout, Sp, cp, gqv, gkv, gvv, gp, begin, end);
       });
     });
   });
+  return {gpad.key_sum(), gpad.value_sum()};
 }
 
 // The bfloat16 entries (`--matmul_precision medium`): the queries' projection and the keys' and
@@ -603,6 +732,9 @@ struct Staged {
   const bool* pad;
   int64_t B, H, W, L, Lq;
   float *S, *c;
+  const float* pad_key = nullptr;  // pad keys (float, biased), as Args takes them, or null
+  const float* pad_value = nullptr;
+  const int64_t* pad_count = nullptr;
   bool separate_query() const { return q.p != nullptr; }
 };
 
@@ -656,7 +788,12 @@ inline Args<float> staged_args(const Staged& s, const float* block, const float*
   const int64_t HW = s.H * s.W, k0 = s.width - 2 * HW;
   const View<const float> qv = s.separate_query() ? View<const float>{q, 0, s.W, HW}
                                                   : View<const float>{block, 0, s.W, s.width};
-  return {qv, {block + k0, 0, s.W, s.width}, {block + k0 + HW, 0, s.W, s.width}, s.pad, s.B, s.H, s.L, s.W, s.W, s.Lq};
+  Args<float> a{qv, {block + k0, 0, s.W, s.width}, {block + k0 + HW, 0, s.W, s.width}, s.pad, s.B, s.H, s.L, s.W, s.W,
+                s.Lq};
+  a.pad_key = s.pad_key;
+  a.pad_value = s.pad_value;
+  a.pad_count = s.pad_count;
+  return a;
 }
 
 template <int kW>
@@ -678,11 +815,12 @@ __attribute__((always_inline)) inline void staged_forward_any(const Staged& s, B
 
 // g: the output's gradient; gblock (laid out as the block) and gq (when the query is separate):
 // the inputs'; sums [B x 3·H·W]: sequence b's column sums of its query gradient, then of its keys'
-// and values' (the packed block's columns in order).
+// and values' (the packed block's columns in order); gpad: each sequence's pad-key gradients.
 template <int kW>
 __attribute__((always_inline)) inline void staged_backward_any(const Staged& s, Bf16Rows<const uint16_t> g,
                                                                Bf16Rows<uint16_t> gblock, Bf16Rows<uint16_t> gq,
-                                                               float* sums, int64_t begin, int64_t end) {
+                                                               float* sums, PadGrads<float> gpad, int64_t begin,
+                                                               int64_t end) {
   const int64_t H = s.H, W = s.W, HW = H * W, k0 = s.width - 2 * HW;
   const bool separate = s.separate_query();
   std::vector<float> block(s.L * s.width), q(separate ? s.Lq * HW : 0), go(s.Lq * HW), gb(s.L * s.width),
@@ -697,7 +835,7 @@ __attribute__((always_inline)) inline void staged_backward_any(const Staged& s, 
     widen_rows(g, b, s.Lq, HW, nullptr, go.data());
     backward_seq<float, kW, kW>(staged_args(s, block.data(), q.data()), b, View<const float>{go.data(), 0, W, HW},
                                 s.S + b * H * W * W, s.c + b * H * W, gqv, View<float>{gb.data() + k0, 0, W, s.width},
-                                View<float>{gb.data() + k0 + HW, 0, W, s.width}, scratch.data(), cptrs.data(),
+                                View<float>{gb.data() + k0 + HW, 0, W, s.width}, gpad, scratch.data(), cptrs.data(),
                                 mptrs.data(), qrows.data());
     float* sb = sums + b * 3 * HW;
     narrow_rows(gb.data(), s.L, s.width, gblock, b, sb + 3 * HW - s.width);
@@ -712,11 +850,12 @@ struct StagedCall {
   Bf16Rows<const uint16_t> g;
   Bf16Rows<uint16_t> gblock, gq;
   float* sums;
+  PadGrads<float> gpad;
 };
 
 template <int kW, bool kBackward>
 __attribute__((always_inline)) inline void staged_range_any(const StagedCall& c, int64_t begin, int64_t end) {
-  if constexpr (kBackward) staged_backward_any<kW>(c.s, c.g, c.gblock, c.gq, c.sums, begin, end);
+  if constexpr (kBackward) staged_backward_any<kW>(c.s, c.g, c.gblock, c.gq, c.sums, c.gpad, begin, end);
   else staged_forward_any<kW>(c.s, c.out, begin, end);
 }
 template <int kW, bool kBackward>
@@ -750,17 +889,18 @@ void launch_staged(const StagedCall& c) {
 }
 
 void launch_staged_forward(const Staged& s, Bf16Rows<uint16_t> out) {
-  launch_staged<false>({s, out, {}, {}, {}, nullptr});
+  launch_staged<false>({s, out, {}, {}, {}, nullptr, {}});
 }
 
 // Returns the biases' gradient [3·H·W] (the query's, then the keys' and values'): each sequence's
-// column sums in float, added over the sequences in order in double.
+// column sums in float, added over the sequences in order in double. gpad: where each sequence's
+// pad-key gradients go.
 at::Tensor launch_staged_backward(const Staged& s, Bf16Rows<const uint16_t> g, Bf16Rows<uint16_t> gblock,
-                                  Bf16Rows<uint16_t> gq) {
+                                  Bf16Rows<uint16_t> gq, PadGrads<float> gpad) {
   const int64_t N = 3 * s.H * s.W;
   std::vector<float> sums(s.B * N);
   float* sp = sums.data();
-  launch_staged<true>({s, {}, g, gblock, gq, sp});
+  launch_staged<true>({s, {}, g, gblock, gq, sp, gpad});
   std::vector<double> total(N, 0.0);
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t i = 0; i < N; ++i) total[i] += sp[b * N + i];
@@ -769,18 +909,26 @@ at::Tensor launch_staged_backward(const Staged& s, Bf16Rows<const uint16_t> g, B
   return out;
 }
 
+// Each class takes the pad keys as three more inputs (key, value, count) and returns the key's and
+// value's gradients; without pad keys the three are Padded's stand-ins.
+
+// The pad keys of a saved list, from position i (key, value, count).
+PadTensors saved_pad(const variable_list& saved, size_t i) { return {saved[i], saved[i + 1], saved[i + 2]}; }
+
 // q, k, v as separate [B, H, L, *] tensors.
 class LinrecGlobalPaperFused : public torch::autograd::Function<LinrecGlobalPaperFused> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
-                               const at::Tensor& v_in, const at::Tensor& key_padding) {
+                               const at::Tensor& v_in, const at::Tensor& key_padding, const at::Tensor& pad_key,
+                               const at::Tensor& pad_value, const at::Tensor& pad_count) {
     auto q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
     auto pad = key_padding.contiguous();
+    const PadTensors pk(pad_key, pad_value, pad_count);
     const int64_t B = q.size(0), H = q.size(1), L = q.size(2), D = q.size(3), E = v.size(3);
     auto out = empty_heads(B, H, L, E, v.options());
     auto S = torch::empty({B, H, D, E}, v.options()), c = torch::empty({B, H, D}, v.options());
-    launch_forward(q, k, v, pad, out, S, c);
-    ctx->save_for_backward({q, k, v, pad, S, c});
+    launch_forward(q, k, v, pad, pk, out, S, c);
+    ctx->save_for_backward({q, k, v, pad, S, c, pk.key, pk.value, pk.count});
     return {out};
   }
 
@@ -790,8 +938,9 @@ class LinrecGlobalPaperFused : public torch::autograd::Function<LinrecGlobalPape
     const int64_t B = q.size(0), H = q.size(1), L = q.size(2), D = q.size(3), E = v.size(3);
     auto gq = empty_heads(B, H, L, D, q.options()), gk = empty_heads(B, H, L, D, k.options()),
          gv = empty_heads(B, H, L, E, v.options());
-    launch_backward(q, k, v, saved[3], saved[4], saved[5], rows_contiguous(grads[0]), gq, gk, gv);
-    return {gq, gk, gv, at::Tensor()};
+    auto [gpk, gpv] = launch_backward(q, k, v, saved[3], saved_pad(saved, 6), saved[4], saved[5],
+                                      rows_contiguous(grads[0]), gq, gk, gv);
+    return {gq, gk, gv, at::Tensor(), gpk, gpv, at::Tensor()};
   }
 };
 
@@ -799,15 +948,17 @@ class LinrecGlobalPaperFused : public torch::autograd::Function<LinrecGlobalPape
 class LinrecGlobalPaperPacked : public torch::autograd::Function<LinrecGlobalPaperPacked> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& qkv_in, const at::Tensor& key_padding,
-                               int64_t heads) {
+                               int64_t heads, const at::Tensor& pad_key, const at::Tensor& pad_value,
+                               const at::Tensor& pad_count) {
     auto qkv = rows_contiguous(qkv_in);
     auto pad = key_padding.contiguous();
+    const PadTensors pk(pad_key, pad_value, pad_count);
     const int64_t B = qkv.size(0), L = qkv.size(1), D = qkv.size(2) / 3, W = D / heads;
     auto out = torch::empty({B, L, D}, qkv.options());
     auto S = torch::empty({B, heads, W, W}, qkv.options()), c = torch::empty({B, heads, W}, qkv.options());
-    launch_forward(heads_of(qkv, heads, W, 0), heads_of(qkv, heads, W, D), heads_of(qkv, heads, W, 2 * D), pad,
+    launch_forward(heads_of(qkv, heads, W, 0), heads_of(qkv, heads, W, D), heads_of(qkv, heads, W, 2 * D), pad, pk,
                    heads_of(out, heads, W, 0), S, c);
-    ctx->save_for_backward({qkv, pad, S, c});
+    ctx->save_for_backward({qkv, pad, S, c, pk.key, pk.value, pk.count});
     ctx->saved_data["heads"] = heads;
     return {out};
   }
@@ -819,10 +970,11 @@ class LinrecGlobalPaperPacked : public torch::autograd::Function<LinrecGlobalPap
     const int64_t D = qkv.size(2) / 3, W = D / heads;
     auto g = rows_contiguous(grads[0]);
     auto gqkv = torch::empty({qkv.size(0), qkv.size(1), 3 * D}, qkv.options());
-    launch_backward(heads_of(qkv, heads, W, 0), heads_of(qkv, heads, W, D), heads_of(qkv, heads, W, 2 * D), saved[1],
-                    saved[2], saved[3], heads_of(g, heads, W, 0), heads_of(gqkv, heads, W, 0),
-                    heads_of(gqkv, heads, W, D), heads_of(gqkv, heads, W, 2 * D));
-    return {gqkv, at::Tensor(), at::Tensor()};
+    auto [gpk, gpv] = launch_backward(heads_of(qkv, heads, W, 0), heads_of(qkv, heads, W, D),
+                                      heads_of(qkv, heads, W, 2 * D), saved[1], saved_pad(saved, 4), saved[2],
+                                      saved[3], heads_of(g, heads, W, 0), heads_of(gqkv, heads, W, 0),
+                                      heads_of(gqkv, heads, W, D), heads_of(gqkv, heads, W, 2 * D));
+    return {gqkv, at::Tensor(), at::Tensor(), gpk, gpv, at::Tensor()};
   }
 };
 
@@ -830,15 +982,17 @@ class LinrecGlobalPaperPacked : public torch::autograd::Function<LinrecGlobalPap
 class LinrecGlobalPaperLast : public torch::autograd::Function<LinrecGlobalPaperLast> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& kv_in,
-                               const at::Tensor& key_padding, int64_t heads) {
+                               const at::Tensor& key_padding, int64_t heads, const at::Tensor& pad_key,
+                               const at::Tensor& pad_value, const at::Tensor& pad_count) {
     auto q = rows_contiguous(q_in), kv = rows_contiguous(kv_in);
     auto pad = key_padding.contiguous();
+    const PadTensors pk(pad_key, pad_value, pad_count);
     const int64_t B = q.size(0), D = q.size(1), W = D / heads;
     auto out = torch::empty({B, D}, q.options());
     auto S = torch::empty({B, heads, W, W}, q.options()), c = torch::empty({B, heads, W}, q.options());
-    launch_forward(heads_of(q, heads, W, 0), heads_of(kv, heads, W, 0), heads_of(kv, heads, W, D), pad,
+    launch_forward(heads_of(q, heads, W, 0), heads_of(kv, heads, W, 0), heads_of(kv, heads, W, D), pad, pk,
                    heads_of(out, heads, W, 0), S, c);
-    ctx->save_for_backward({q, kv, pad, S, c});
+    ctx->save_for_backward({q, kv, pad, S, c, pk.key, pk.value, pk.count});
     ctx->saved_data["heads"] = heads;
     return {out};
   }
@@ -850,26 +1004,37 @@ class LinrecGlobalPaperLast : public torch::autograd::Function<LinrecGlobalPaper
     const int64_t D = q.size(1), W = D / heads;
     auto g = rows_contiguous(grads[0]);
     auto gq = torch::empty_like(q), gkv = torch::empty_like(kv);
-    launch_backward(heads_of(q, heads, W, 0), heads_of(kv, heads, W, 0), heads_of(kv, heads, W, D), saved[2],
-                    saved[3], saved[4], heads_of(g, heads, W, 0), heads_of(gq, heads, W, 0),
-                    heads_of(gkv, heads, W, 0), heads_of(gkv, heads, W, D));
-    return {gq, gkv, at::Tensor(), at::Tensor()};
+    auto [gpk, gpv] = launch_backward(heads_of(q, heads, W, 0), heads_of(kv, heads, W, 0), heads_of(kv, heads, W, D),
+                                      saved[2], saved_pad(saved, 5), saved[3], saved[4], heads_of(g, heads, W, 0),
+                                      heads_of(gq, heads, W, 0), heads_of(gkv, heads, W, 0),
+                                      heads_of(gkv, heads, W, D));
+    return {gq, gkv, at::Tensor(), at::Tensor(), gpk, gpv, at::Tensor()};
   }
 };
+
+// The staged kernels' pad keys (float) from their tensors.
+void set_pad(Staged& s, const PadTensors& p) {
+  if (!p.count.defined()) return;
+  s.pad_key = p.key.data_ptr<float>();
+  s.pad_value = p.value.data_ptr<float>();
+  s.pad_count = p.count.data_ptr<int64_t>();
+}
 
 // The packed bfloat16 product [B, L, 3·D] of the queries', keys' and values' projection, before
 // its bias [3·D]; output [B, L, D] in bfloat16.
 class LinrecGlobalPaperPackedBf16 : public torch::autograd::Function<LinrecGlobalPaperPackedBf16> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& product_in, const at::Tensor& bias_in,
-                               const at::Tensor& key_padding, int64_t heads) {
+                               const at::Tensor& key_padding, int64_t heads, const at::Tensor& pad_key,
+                               const at::Tensor& pad_value, const at::Tensor& pad_count) {
     auto product = product_in.contiguous(), bias = bias_in.contiguous();
     auto pad = key_padding.contiguous();
+    const PadTensors pk(pad_key, pad_value, pad_count);
     const int64_t B = product.size(0), L = product.size(1), D = product.size(2) / 3, W = D / heads;
     auto out = torch::empty({B, L, D}, product.options());
     auto S = torch::empty({B, heads, W, W}, bias.options()), c = torch::empty({B, heads, W}, bias.options());
-    launch_staged_forward(staged(product, bias, pad, heads, S, c), bf16_rows<uint16_t>(out));
-    ctx->save_for_backward({product, bias, pad, S, c});
+    launch_staged_forward(staged(product, bias, pad, heads, S, c, pk), bf16_rows<uint16_t>(out));
+    ctx->save_for_backward({product, bias, pad, S, c, pk.key, pk.value, pk.count});
     ctx->saved_data["heads"] = heads;
     return {out};
   }
@@ -880,17 +1045,22 @@ class LinrecGlobalPaperPackedBf16 : public torch::autograd::Function<LinrecGloba
     const int64_t heads = ctx->saved_data["heads"].toInt();
     auto g = grads[0].to(at::kBFloat16).contiguous();
     auto gproduct = torch::empty_like(product);
-    auto gbias = launch_staged_backward(staged(product, saved[1], saved[2], heads, saved[3], saved[4]),
-                                        bf16_rows<const uint16_t>(g), bf16_rows<uint16_t>(gproduct), {});
-    return {gproduct, gbias, at::Tensor(), at::Tensor()};
+    const PadTensors pk = saved_pad(saved, 5);
+    const PadGradTensors gpad(pk, product.size(0));
+    auto gbias = launch_staged_backward(staged(product, saved[1], saved[2], heads, saved[3], saved[4], pk),
+                                        bf16_rows<const uint16_t>(g), bf16_rows<uint16_t>(gproduct), {},
+                                        gpad.grads<float>());
+    return {gproduct, gbias, at::Tensor(), at::Tensor(), gpad.key_sum(), gpad.value_sum(), at::Tensor()};
   }
 
  private:
   static Staged staged(const at::Tensor& product, const at::Tensor& bias, const at::Tensor& pad, int64_t heads,
-                       const at::Tensor& S, const at::Tensor& c) {
+                       const at::Tensor& S, const at::Tensor& c, const PadTensors& pk) {
     const int64_t B = product.size(0), L = product.size(1), D = product.size(2) / 3;
-    return {bf16_rows<const uint16_t>(product), 3 * D, bias.data_ptr<float>(), {}, nullptr, pad.data_ptr<bool>(),
-            B, heads, D / heads, L, L, S.data_ptr<float>(), c.data_ptr<float>()};
+    Staged s{bf16_rows<const uint16_t>(product), 3 * D, bias.data_ptr<float>(), {}, nullptr, pad.data_ptr<bool>(),
+             B, heads, D / heads, L, L, S.data_ptr<float>(), c.data_ptr<float>()};
+    set_pad(s, pk);
+    return s;
   }
 };
 
@@ -900,15 +1070,17 @@ class LinrecGlobalPaperLastBf16 : public torch::autograd::Function<LinrecGlobalP
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& q_bias_in,
                                const at::Tensor& kv_in, const at::Tensor& kv_bias_in, const at::Tensor& key_padding,
-                               int64_t heads) {
+                               int64_t heads, const at::Tensor& pad_key, const at::Tensor& pad_value,
+                               const at::Tensor& pad_count) {
     auto q = q_in.contiguous(), kv = kv_in.contiguous(), q_bias = q_bias_in.contiguous(),
          kv_bias = kv_bias_in.contiguous();
     auto pad = key_padding.contiguous();
+    const PadTensors pk(pad_key, pad_value, pad_count);
     const int64_t B = q.size(0), D = q.size(1), W = D / heads;
     auto out = torch::empty({B, D}, q.options());
     auto S = torch::empty({B, heads, W, W}, q_bias.options()), c = torch::empty({B, heads, W}, q_bias.options());
-    launch_staged_forward(staged(q, q_bias, kv, kv_bias, pad, heads, S, c), bf16_rows<uint16_t>(out));
-    ctx->save_for_backward({q, q_bias, kv, kv_bias, pad, S, c});
+    launch_staged_forward(staged(q, q_bias, kv, kv_bias, pad, heads, S, c, pk), bf16_rows<uint16_t>(out));
+    ctx->save_for_backward({q, q_bias, kv, kv_bias, pad, S, c, pk.key, pk.value, pk.count});
     ctx->saved_data["heads"] = heads;
     return {out};
   }
@@ -920,46 +1092,75 @@ class LinrecGlobalPaperLastBf16 : public torch::autograd::Function<LinrecGlobalP
     const int64_t D = q.size(1);
     auto g = grads[0].to(at::kBFloat16).contiguous();
     auto gq = torch::empty_like(q), gkv = torch::empty_like(kv);
-    auto gbias = launch_staged_backward(staged(q, saved[1], kv, saved[3], saved[4], heads, saved[5], saved[6]),
+    const PadTensors pk = saved_pad(saved, 7);
+    const PadGradTensors gpad(pk, q.size(0));
+    auto gbias = launch_staged_backward(staged(q, saved[1], kv, saved[3], saved[4], heads, saved[5], saved[6], pk),
                                         bf16_rows<const uint16_t>(g), bf16_rows<uint16_t>(gkv),
-                                        bf16_rows<uint16_t>(gq));
-    return {gq, gbias.narrow(0, 0, D), gkv, gbias.narrow(0, D, 2 * D), at::Tensor(), at::Tensor()};
+                                        bf16_rows<uint16_t>(gq), gpad.grads<float>());
+    return {gq,           gbias.narrow(0, 0, D), gkv,           gbias.narrow(0, D, 2 * D), at::Tensor(),
+            at::Tensor(), gpad.key_sum(),        gpad.value_sum(), at::Tensor()};
   }
 
  private:
   static Staged staged(const at::Tensor& q, const at::Tensor& q_bias, const at::Tensor& kv, const at::Tensor& kv_bias,
-                       const at::Tensor& pad, int64_t heads, const at::Tensor& S, const at::Tensor& c) {
+                       const at::Tensor& pad, int64_t heads, const at::Tensor& S, const at::Tensor& c,
+                       const PadTensors& pk) {
     const int64_t B = q.size(0), D = q.size(1);
-    return {bf16_rows<const uint16_t>(kv), 2 * D, kv_bias.data_ptr<float>(), bf16_rows<const uint16_t>(q),
-            q_bias.data_ptr<float>(), pad.data_ptr<bool>(), B, heads, D / heads, kv.size(1), 1,
-            S.data_ptr<float>(), c.data_ptr<float>()};
+    Staged s{bf16_rows<const uint16_t>(kv), 2 * D, kv_bias.data_ptr<float>(), bf16_rows<const uint16_t>(q),
+             q_bias.data_ptr<float>(), pad.data_ptr<bool>(), B, heads, D / heads, kv.size(1), 1,
+             S.data_ptr<float>(), c.data_ptr<float>()};
+    set_pad(s, pk);
+    return s;
+  }
+};
+
+// The pad keys as the classes take them: LibTorch 1.13's Function::apply refuses undefined
+// inputs, so "none" is three empty one-dimensional tensors (a key is [H, D]).
+struct Padded {
+  at::Tensor key, value, count;
+  explicit Padded(const LinrecPadKeys& p) {
+    if (p.defined()) {
+      key = p.key;
+      value = p.value;
+      count = p.count;
+    } else {
+      key = value = torch::empty({0});
+      count = torch::empty({0}, torch::kLong);
+    }
   }
 };
 
 }  // namespace
 
 at::Tensor linrec_global_paper_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                     const at::Tensor& key_padding) {
-  return LinrecGlobalPaperFused::apply(q, k, v, key_padding)[0];
+                                     const at::Tensor& key_padding, const LinrecPadKeys& pad_keys) {
+  const Padded p(pad_keys);
+  return LinrecGlobalPaperFused::apply(q, k, v, key_padding, p.key, p.value, p.count)[0];
 }
 
-at::Tensor linrec_global_paper_packed(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_padding) {
-  return LinrecGlobalPaperPacked::apply(qkv, key_padding, heads)[0];
+at::Tensor linrec_global_paper_packed(const at::Tensor& qkv, int64_t heads, const at::Tensor& key_padding,
+                                      const LinrecPadKeys& pad_keys) {
+  const Padded p(pad_keys);
+  return LinrecGlobalPaperPacked::apply(qkv, key_padding, heads, p.key, p.value, p.count)[0];
 }
 
 at::Tensor linrec_global_paper_last(const at::Tensor& q, const at::Tensor& kv, int64_t heads,
-                                    const at::Tensor& key_padding) {
-  return LinrecGlobalPaperLast::apply(q, kv, key_padding, heads)[0];
+                                    const at::Tensor& key_padding, const LinrecPadKeys& pad_keys) {
+  const Padded p(pad_keys);
+  return LinrecGlobalPaperLast::apply(q, kv, key_padding, heads, p.key, p.value, p.count)[0];
 }
 
 at::Tensor linrec_global_paper_packed_bf16(const at::Tensor& product, const at::Tensor& bias, int64_t heads,
-                                          const at::Tensor& key_padding) {
-  return LinrecGlobalPaperPackedBf16::apply(product, bias, key_padding, heads)[0];
+                                          const at::Tensor& key_padding, const LinrecPadKeys& pad_keys) {
+  const Padded p(pad_keys);
+  return LinrecGlobalPaperPackedBf16::apply(product, bias, key_padding, heads, p.key, p.value, p.count)[0];
 }
 
 at::Tensor linrec_global_paper_last_bf16(const at::Tensor& q, const at::Tensor& q_bias, const at::Tensor& kv,
-                                         const at::Tensor& kv_bias, int64_t heads, const at::Tensor& key_padding) {
-  return LinrecGlobalPaperLastBf16::apply(q, q_bias, kv, kv_bias, key_padding, heads)[0];
+                                         const at::Tensor& kv_bias, int64_t heads, const at::Tensor& key_padding,
+                                         const LinrecPadKeys& pad_keys) {
+  const Padded p(pad_keys);
+  return LinrecGlobalPaperLastBf16::apply(q, q_bias, kv, kv_bias, key_padding, heads, p.key, p.value, p.count)[0];
 }
 
 }  // namespace seqrec::ops

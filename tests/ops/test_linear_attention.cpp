@@ -367,6 +367,149 @@ TEST(LinearAttention, LinrecBf16EntriesEqualTheComposition) {
                                 "kv [B, L, 2·D]");
 }
 
+// Pad keys (--linrec_pad_keys: count[b] copies of one key and value in every sequence b) against
+// the copies themselves: each row widened in front by its copies, unmasked, and every key of the
+// widened rows in the op without pad keys (and, in double, the loop-level reference). Both
+// normalisations and forms, the fused kernels (the global form with the paper's normalisation) and
+// the composition, double and float, counts 0, 1 and more than the row's length, left padding
+// and an all-padding row; values and the gradients of q, k, v and of the pad key and value. The
+// packed, last-slot and bfloat16 entries give what the q, k, v entry gives; bad pad keys are named.
+TEST(LinearAttention, LinrecPadKeysEqualTheirCopies) {
+  torch::manual_seed(41);
+  struct PadCase {
+    Case c;
+    std::vector<int64_t> counts;
+  };
+  for (auto dtype : {torch::kFloat64, torch::kFloat32})
+    for (auto norm : {LinrecNorm::kPaper, LinrecNorm::kCode})
+      for (auto form : {LinrecForm::kCausal, LinrecForm::kGlobal})
+        for (const PadCase& pc : std::vector<PadCase>{{{1, 1, 1, 1, {1}}, {3}},
+                                                      {{3, 2, 7, 5, {7, 3, 0}}, {0, 4, 9}},
+                                                      {{2, 3, 10, 16, {10, 6}}, {1, 13}},
+                                                      {{2, 1, 30, 50, {30, 11}}, {0, 19}}}) {
+          const Case& c = pc.c;
+          const int64_t B = c.B, H = c.H, L = c.L, D = c.D;
+          const int64_t P = *std::max_element(pc.counts.begin(), pc.counts.end()), W = P + L;
+          const std::string where = describe({B, H, L, D, D}, dtype) + " " + linrec_norm_name(norm) + " " +
+                                    linrec_form_name(form);
+          auto make = [&](std::vector<int64_t> shape) { return torch::randn(shape, dtype).requires_grad_(); };
+          auto q = make({B, H, L, D}), k = make({B, H, L, D}), v = make({B, H, L, D});
+          auto pk = make({H, D}), pv = make({H, D});
+          auto count = torch::tensor(pc.counts, torch::kLong);
+          auto pad = padding_mask(c.lengths, L);
+          // The copies: row b gets P - count[b] masked slots, then count[b] copies, then its L slots.
+          std::vector<at::Tensor> kw, vw;
+          auto wpad = torch::ones({B, W}, torch::kBool);
+          for (int64_t b = 0; b < B; ++b) {
+            const int64_t n = pc.counts[b];
+            kw.push_back(torch::cat({torch::zeros({H, P - n, D}, dtype), pk.unsqueeze(1).expand({H, n, D}), k[b]}, 1));
+            vw.push_back(torch::cat({torch::zeros({H, P - n, D}, dtype), pv.unsqueeze(1).expand({H, n, D}), v[b]}, 1));
+            wpad[b].narrow(0, P - n, n).fill_(false);
+            wpad[b].narrow(0, P, L).copy_(pad[b]);
+          }
+          auto kc = torch::stack(kw), vc = torch::stack(vw);
+          auto qc = torch::cat({torch::zeros({B, H, P, D}, dtype), q}, 2);
+          auto real = pad.logical_not().view({B, 1, L, 1}).to(dtype);
+          auto real_rows = pad.logical_not().view({B, L, 1}).to(dtype);  // real as the packed rows have it
+          auto gout = torch::randn({B, H, L, D}, dtype) * real;
+          const LinrecPadKeys pad_keys{pk, pv, count};
+          auto got = linrec_attention(q, k, v, pad, norm, form, pad_keys);
+          const bool fused = norm == LinrecNorm::kPaper && form == LinrecForm::kGlobal;
+          EXPECT_EQ(got.grad_fn()->name().find("LinrecGlobalPaperFused") != std::string::npos, fused)
+              << where << ": " << got.grad_fn()->name();
+          auto want = linrec_attention(qc, kc, vc, wpad, norm, form).narrow(2, P, L);
+          const double tol = dtype == torch::kFloat64 ? 1e-10 : 5e-5;
+          EXPECT_TRUE(torch::isfinite(got).all().item<bool>()) << where;
+          EXPECT_LE(relative_error(got * real, want * real), tol) << where;
+          if (dtype == torch::kFloat64) {
+            auto loops = naive(qc, kc, vc, wpad, norm, form).narrow(2, P, L);
+            EXPECT_LE(relative_error(got * real, loops), 1e-10) << where << " loops";
+          }
+          auto g_got = torch::autograd::grad({got}, {q, k, v, pk, pv}, {gout});
+          auto g_want = torch::autograd::grad({want}, {q, k, v, pk, pv}, {gout});
+          const char* names[] = {"dq", "dk", "dv", "dpad_key", "dpad_value"};
+          for (int i = 0; i < 5; ++i) EXPECT_LE(relative_error(g_got[i], g_want[i]), tol) << where << " " << names[i];
+          if (fused) {  // the composition agrees with the kernel
+            auto ref = linrec_attention_reference(q, k, v, pad, norm, form, pad_keys);
+            EXPECT_LE(relative_error(ref * real, want * real), tol) << where << " reference";
+          }
+
+          // The packed entry on the same numbers, and the last slot alone.
+          auto merged = [&](const at::Tensor& t) { return t.transpose(1, 2).reshape({B, L, H * D}); };
+          auto qkv = torch::cat({merged(q), merged(k), merged(v)}, 2).detach().requires_grad_();
+          auto kvp = torch::cat({pk.reshape(-1), pv.reshape(-1)}).detach().requires_grad_();
+          auto packed_keys = linrec_pad_keys_packed(kvp, H, count);
+          auto packed = linrec_attention_packed(qkv, H, pad, norm, form, packed_keys);
+          EXPECT_LE(relative_error(packed * real_rows, merged(got * real)), tol) << where << " packed";
+          auto g_packed = torch::autograd::grad({packed}, {qkv, kvp}, {merged(gout)}, /*retain_graph=*/true);
+          EXPECT_LE(relative_error(g_packed[0], torch::cat({merged(g_got[0]), merged(g_got[1]), merged(g_got[2])}, 2)),
+                    tol) << where << " packed dqkv";
+          EXPECT_LE(relative_error(g_packed[1], torch::cat({g_got[3].reshape(-1), g_got[4].reshape(-1)})), tol)
+              << where << " packed dkv";
+          if (form == LinrecForm::kGlobal) {
+            auto last_real = pad.select(1, L - 1).logical_not().unsqueeze(1).to(dtype);
+            auto last = linrec_attention_last(qkv.select(1, L - 1).narrow(1, 0, H * D), qkv.narrow(2, H * D, 2 * H * D),
+                                              H, pad, norm, packed_keys);
+            EXPECT_LE(relative_error(last * last_real, packed.select(1, L - 1) * last_real), tol) << where << " last";
+            auto gl = torch::randn({B, H * D}, dtype) * last_real;
+            auto g_last = torch::autograd::grad({last}, {qkv, kvp}, {gl});
+            auto g_last_want = torch::autograd::grad({packed.select(1, L - 1)}, {qkv, kvp}, {gl});
+            EXPECT_LE(relative_error(g_last[0], g_last_want[0]), tol) << where << " last dqkv";
+            EXPECT_LE(relative_error(g_last[1], g_last_want[1]), tol) << where << " last dkv";
+          }
+
+          // bfloat16 entries: the fused kernel's values and products' gradients are the
+          // composition's bit for bit; the float pad keys' gradients to float rounding.
+          if (dtype != torch::kFloat32) continue;
+          auto product = qkv.detach().to(torch::kBFloat16).requires_grad_();
+          auto bias = torch::randn({3 * H * D}).requires_grad_();
+          auto kvf = kvp.detach().requires_grad_();
+          auto bkeys = linrec_pad_keys_packed(kvf, H, count);
+          auto b_got = linrec_attention_packed_bf16(product, bias, H, pad, norm, form, bkeys);
+          auto b_want = linrec_attention_packed(product.to(torch::kFloat) + bias, H, pad, norm, form, bkeys)
+                            .to(torch::kBFloat16);
+          EXPECT_TRUE(torch::equal(b_got * real_rows.to(torch::kBFloat16), b_want * real_rows.to(torch::kBFloat16)))
+              << where << " bf16";
+          auto bg = merged(gout).to(torch::kBFloat16);
+          auto bg_got = torch::autograd::grad({b_got}, {product, bias, kvf}, {bg});
+          auto bg_want = torch::autograd::grad({b_want}, {product, bias, kvf}, {bg});
+          EXPECT_TRUE(torch::equal(bg_got[0], bg_want[0])) << where << " bf16 dproduct";
+          EXPECT_LE(relative_error(bg_got[1], bg_want[1]), 1e-5) << where << " bf16 dbias";
+          EXPECT_LE(relative_error(bg_got[2], bg_want[2]), 1e-5) << where << " bf16 dkv";
+          if (form == LinrecForm::kGlobal) {
+            auto qp = product.detach().select(1, L - 1).narrow(1, 0, H * D).contiguous().requires_grad_();
+            auto kvb = product.detach().narrow(2, H * D, 2 * H * D).contiguous().requires_grad_();
+            auto qb = bias.detach().narrow(0, 0, H * D).contiguous();
+            auto kvbias = bias.detach().narrow(0, H * D, 2 * H * D).contiguous();
+            auto l_got = linrec_attention_last_bf16(qp, qb, kvb, kvbias, H, pad, norm, bkeys);
+            auto l_want = linrec_attention_last(qp.to(torch::kFloat) + qb, kvb.to(torch::kFloat) + kvbias, H, pad, norm,
+                                                bkeys).to(torch::kBFloat16);
+            EXPECT_TRUE(torch::equal(l_got, l_want)) << where << " bf16 last";
+            auto lg = torch::randn({B, H * D}).to(torch::kBFloat16);
+            auto lg_got = torch::autograd::grad({l_got}, {qp, kvb, kvf}, {lg});
+            auto lg_want = torch::autograd::grad({l_want}, {qp, kvb, kvf}, {lg});
+            EXPECT_TRUE(torch::equal(lg_got[0], lg_want[0])) << where << " bf16 last dq";
+            EXPECT_TRUE(torch::equal(lg_got[1], lg_want[1])) << where << " bf16 last dkv";
+            EXPECT_LE(relative_error(lg_got[2], lg_want[2]), 1e-5) << where << " bf16 last dpad";
+          }
+        }
+
+  auto q = torch::randn({2, 2, 5, 4});
+  auto pad = padding_mask({5, 2}, 5);
+  auto key = torch::randn({2, 4});
+  auto count = torch::tensor(std::vector<int64_t>{1, 3}, torch::kLong);
+  auto run = [&](const LinrecPadKeys& p) {
+    linrec_attention(q, q, q, pad, LinrecNorm::kPaper, LinrecForm::kGlobal, p);
+  };
+  seqrec::testing::expect_error([&] { run({key.narrow(1, 0, 3), key, count}); }, "pad_keys: key must be [H, Dk]");
+  seqrec::testing::expect_error([&] { run({key, key.to(torch::kFloat64), count}); }, "pad_keys: key and value must be");
+  seqrec::testing::expect_error([&] { run({key, key, count.narrow(0, 0, 1)}); }, "pad_keys: count must be int64 [B]");
+  seqrec::testing::expect_error([&] { run({key, key, count.to(torch::kInt)}); }, "pad_keys: count must be int64 [B]");
+  seqrec::testing::expect_error([&] { run({key, key, count - 2}); }, "pad_keys: count must be >= 0");
+  seqrec::testing::expect_error([&] { linrec_pad_keys_packed(torch::randn({14}), 2, count); },
+                                "pad_keys: kv must be [2·D]");
+}
+
 // The fused LinRec kernel's float exp (its ELU) against std::exp in double, every 1/1024 from
 // -87 to 0 and the ends: within 2 ulp of the true value; below -87 it holds exp(-87).
 TEST(LinearAttention, FloatExpIsWithinTwoUlp) {
