@@ -18,15 +18,19 @@ namespace seqrec::ops {
 // of linear_attention.cu: the state in registers, the sequence walked in staged chunks, the
 // backward as three runs of the same kernel. Elsewhere it runs
 // causal_linear_attention_reference. First-order gradients only.
+// `initial_state` (optional, [B, H, Dh, Dv], q's dtype and device) is a state every slot starts
+// from: out[t] = q[t] · (initial_state + sum_{s <= t} k[s] vᵀ[s]), with its gradient (keys and
+// values ahead of every slot, LinRec's pad keys among them). The CPU kernel starts its walk from
+// it; elsewhere q · initial_state is added to the product.
 at::Tensor causal_linear_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                   int64_t chunk = 64);
+                                   int64_t chunk = 64, const at::Tensor& initial_state = {});
 
 // The ATen reference of the same product (any device, autograd): exact, computed in the fewest
 // chunks n of at most `chunk` slots, each C = ceil(L / n) wide (so fewer than n slots are
 // padding): inside a chunk a masked [C x C] product, across chunks an exclusive prefix sum of
 // the [Dh x Dv] states kᵀv. Memory O(L·chunk + L/chunk·Dh·Dv).
 at::Tensor causal_linear_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                             int64_t chunk = 64);
+                                             int64_t chunk = 64, const at::Tensor& initial_state = {});
 
 // out[t] = sum_s (q[t] · k[s]) v[s] over every slot s (the non-causal product, LinRec's global
 // form): on the CPU (float, double) a fused kernel, sequence by sequence, with a hand-written
@@ -34,8 +38,9 @@ at::Tensor causal_linear_attention_reference(const at::Tensor& q, const at::Tens
 at::Tensor global_linear_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 at::Tensor global_linear_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
-// The argument checks both run (throws c10::Error naming the bad shape or chunk).
-void check_linear_attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t chunk);
+// The argument checks both run (throws c10::Error naming the bad shape, chunk or initial state).
+void check_linear_attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t chunk,
+                                 const at::Tensor& initial_state = {});
 
 // How LinRec normalises queries and keys after ELU:
 //  kPaper: the paper's Eq. (6): each query row / (sqrt(Dh)·||q||₂); each key feature (column)

@@ -6,7 +6,9 @@
 //     forward:        S += k[t] vᵀ[t];   out[t] = q[t]ᵀ S                       (t = 0 .. L-1)
 //     backward, up:   the forward of (gout, v, k): gq[t] = S gout[t], with Sᵀ as its state
 //     backward, down: G += q[t] goutᵀ[t]; gk[t] = G v[t];  gv[t] = Gᵀ k[t]       (t = L-1 .. 0)
-// where G = sum_{t' >= t} q[t'] goutᵀ[t']. Every product is one pass over a row of S or G per
+// where G = sum_{t' >= t} q[t'] goutᵀ[t']. An initial state S₀ (causal_linear_attention's
+// `initial_state`) is where S starts forward and Sᵀ in the up pass; its gradient is G at t = 0,
+// sum_t q[t] goutᵀ[t]. Every product is one pass over a row of S or G per
 // key feature, 7·Dk·Dv multiply-adds per slot in all, half the chunked reference's and none of
 // its [chunk x chunk] score blocks or per-chunk states; nothing but the inputs is saved for the
 // backward. A slot's output reads only slots <= t, in the same order whatever follows, so a
@@ -43,13 +45,15 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // The three passes over one sequence: q, k [L, Dk], v, gout [L, Dv], all contiguous; S is a
-// [Dk x Dv] scratch buffer. always_inline so that each instantiation is compiled inside the
-// (baseline or AVX2) function that calls it.
+// [Dk x Dv] scratch buffer; S0 the initial state [Dk x Dv] (null: zeros). always_inline so that
+// each instantiation is compiled inside the (baseline or AVX2) function that calls it.
 template <typename T>
 __attribute__((always_inline)) inline void forward_seq(const T* __restrict__ q, const T* __restrict__ k,
                                                        const T* __restrict__ v, T* __restrict__ out,
-                                                       T* __restrict__ S, int64_t L, int64_t Dk, int64_t Dv) {
-  std::fill(S, S + Dk * Dv, T(0));
+                                                       T* __restrict__ S, int64_t L, int64_t Dk, int64_t Dv,
+                                                       const T* __restrict__ S0) {
+  if (S0) std::copy(S0, S0 + Dk * Dv, S);
+  else std::fill(S, S + Dk * Dv, T(0));
   for (int64_t t = 0; t < L; ++t) {
     const T* kt = k + t * Dk;
     const T* qt = q + t * Dk;
@@ -68,14 +72,16 @@ __attribute__((always_inline)) inline void forward_seq(const T* __restrict__ q, 
   }
 }
 
+// S0T: the initial state transposed [Dv x Dk], and gS0 its gradient [Dk x Dv] (both null: none).
 template <typename T>
 __attribute__((always_inline)) inline void backward_seq(const T* __restrict__ q, const T* __restrict__ k,
                                                         const T* __restrict__ v, const T* __restrict__ g,
                                                         T* __restrict__ gq, T* __restrict__ gk, T* __restrict__ gv,
-                                                        T* __restrict__ S, int64_t L, int64_t Dk, int64_t Dv) {
+                                                        T* __restrict__ S, int64_t L, int64_t Dk, int64_t Dv,
+                                                        const T* __restrict__ S0T, T* __restrict__ gS0) {
   // Up: gq[t] = sum_{s <= t} (gout[t] · v[s]) k[s], the forward with (q, k, v) -> (gout, v, k):
   // its state is Sᵀ, so gq is a sum of rows rather than Dk dot products.
-  forward_seq(g, v, k, gq, S, L, Dv, Dk);
+  forward_seq(g, v, k, gq, S, L, Dv, Dk, S0T);
   // Down: G (in S's buffer) collects q[t'] goutᵀ[t'] for t' >= t.
   std::fill(S, S + Dk * Dv, T(0));
   for (int64_t t = L - 1; t >= 0; --t) {
@@ -99,6 +105,7 @@ __attribute__((always_inline)) inline void backward_seq(const T* __restrict__ q,
       gkt[i] = acc;
     }
   }
+  if (gS0) std::copy(S, S + Dk * Dv, gS0);
 }
 
 // The global (non-causal) form, out[t] = q[t]ᵀ S with S = sum over every slot of k[s] vᵀ[s]:
@@ -161,96 +168,116 @@ __attribute__((always_inline)) inline void global_backward_seq(const T* __restri
 // Scratch elements per sequence of either form's passes.
 inline int64_t scratch_elements(bool global, int64_t Dk, int64_t Dv) { return (global ? 2 : 1) * Dk * Dv; }
 
+// The causal form's initial state (S0, S0T, gS0 as backward_seq takes them; the global form has
+// none).
 template <typename T, bool kGlobal>
 __attribute__((always_inline)) inline void forward_any(const T* q, const T* k, const T* v, T* out, T* S, int64_t L,
-                                                       int64_t Dk, int64_t Dv) {
+                                                       int64_t Dk, int64_t Dv, const T* S0) {
   if (kGlobal)
     global_forward_seq(q, k, v, out, S, L, Dk, Dv);
   else
-    forward_seq(q, k, v, out, S, L, Dk, Dv);
+    forward_seq(q, k, v, out, S, L, Dk, Dv, S0);
 }
 template <typename T, bool kGlobal>
 __attribute__((always_inline)) inline void backward_any(const T* q, const T* k, const T* v, const T* g, T* gq, T* gk,
-                                                        T* gv, T* S, int64_t L, int64_t Dk, int64_t Dv) {
+                                                        T* gv, T* S, int64_t L, int64_t Dk, int64_t Dv, const T* S0T,
+                                                        T* gS0) {
   if (kGlobal)
     global_backward_seq(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
   else
-    backward_seq(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
+    backward_seq(q, k, v, g, gq, gk, gv, S, L, Dk, Dv, S0T, gS0);
 }
 
 #if SEQREC_CPU_X86
 template <typename T, bool kGlobal>
 SEQREC_CPU_AVX2 void forward_avx2(const T* q, const T* k, const T* v, T* out, T* S, int64_t L, int64_t Dk,
-                                  int64_t Dv) {
-  forward_any<T, kGlobal>(q, k, v, out, S, L, Dk, Dv);
+                                  int64_t Dv, const T* S0) {
+  forward_any<T, kGlobal>(q, k, v, out, S, L, Dk, Dv, S0);
 }
 template <typename T, bool kGlobal>
 SEQREC_CPU_AVX2 void backward_avx2(const T* q, const T* k, const T* v, const T* g, T* gq, T* gk, T* gv, T* S,
-                                   int64_t L, int64_t Dk, int64_t Dv) {
-  backward_any<T, kGlobal>(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
+                                   int64_t L, int64_t Dk, int64_t Dv, const T* S0T, T* gS0) {
+  backward_any<T, kGlobal>(q, k, v, g, gq, gk, gv, S, L, Dk, Dv, S0T, gS0);
 }
 #endif
 
 template <typename T, bool kGlobal>
-void forward_one(const T* q, const T* k, const T* v, T* out, T* S, int64_t L, int64_t Dk, int64_t Dv) {
+void forward_one(const T* q, const T* k, const T* v, T* out, T* S, int64_t L, int64_t Dk, int64_t Dv, const T* S0) {
 #if SEQREC_CPU_X86
-  if (cpu_has_avx2_fma()) return forward_avx2<T, kGlobal>(q, k, v, out, S, L, Dk, Dv);
+  if (cpu_has_avx2_fma()) return forward_avx2<T, kGlobal>(q, k, v, out, S, L, Dk, Dv, S0);
 #endif
-  forward_any<T, kGlobal>(q, k, v, out, S, L, Dk, Dv);
+  forward_any<T, kGlobal>(q, k, v, out, S, L, Dk, Dv, S0);
 }
 template <typename T, bool kGlobal>
 void backward_one(const T* q, const T* k, const T* v, const T* g, T* gq, T* gk, T* gv, T* S, int64_t L,
-                  int64_t Dk, int64_t Dv) {
+                  int64_t Dk, int64_t Dv, const T* S0T, T* gS0) {
 #if SEQREC_CPU_X86
-  if (cpu_has_avx2_fma()) return backward_avx2<T, kGlobal>(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
+  if (cpu_has_avx2_fma()) return backward_avx2<T, kGlobal>(q, k, v, g, gq, gk, gv, S, L, Dk, Dv, S0T, gS0);
 #endif
-  backward_any<T, kGlobal>(q, k, v, g, gq, gk, gv, S, L, Dk, Dv);
+  backward_any<T, kGlobal>(q, k, v, g, gq, gk, gv, S, L, Dk, Dv, S0T, gS0);
 }
 
 // Either form on the CPU, sequence by sequence (kGlobal: every slot sees every slot); Self names
-// the autograd node.
+// the autograd node. `initial` is the causal form's initial state [B, H, Dk, Dv], or (none, and
+// always in the global form) an empty one-dimensional tensor: LibTorch 1.13's Function::apply
+// refuses undefined inputs.
 template <bool kGlobal, class Self>
 class LinearAttentionFused : public torch::autograd::Function<Self> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
-                               const at::Tensor& v_in) {
+                               const at::Tensor& v_in, const at::Tensor& initial_in) {
     auto q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+    const bool has_initial = !kGlobal && initial_in.dim() == 4;
+    auto initial = has_initial ? initial_in.contiguous() : at::Tensor();
     const int64_t B = q.size(0), H = q.size(1), L = q.size(2), Dk = q.size(3), Dv = v.size(3);
     auto out = torch::empty({B, H, L, Dv}, v.options());
     AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "causal_linear_attention_fused", [&] {
       const auto *qp = q.data_ptr<scalar_t>(), *kp = k.data_ptr<scalar_t>(), *vp = v.data_ptr<scalar_t>();
+      const scalar_t* s0 = has_initial ? initial.data_ptr<scalar_t>() : nullptr;
       auto* op = out.data_ptr<scalar_t>();
       at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
         std::vector<scalar_t> S(scratch_elements(kGlobal, Dk, Dv));
         for (int64_t s = begin; s < end; ++s)
           forward_one<scalar_t, kGlobal>(qp + s * L * Dk, kp + s * L * Dk, vp + s * L * Dv, op + s * L * Dv, S.data(),
-                                         L, Dk, Dv);
+                                         L, Dk, Dv, s0 ? s0 + s * Dk * Dv : nullptr);
       });
     });
     ctx->save_for_backward({q, k, v});
+    // Only the backward's up pass reads the initial state, as its transpose.
+    ctx->saved_data["initial_t"] = has_initial ? initial.transpose(2, 3).contiguous() : at::Tensor();
     return {out};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2];
+    const at::Tensor initial_t = ctx->saved_data["initial_t"].toTensor();
     const int64_t B = q.size(0), H = q.size(1), L = q.size(2), Dk = q.size(3), Dv = v.size(3);
     auto g = grads[0].contiguous();
     auto gq = torch::empty_like(q), gk = torch::empty_like(k), gv = torch::empty_like(v);
+    auto ginitial = initial_t.defined() ? torch::empty({B, H, Dk, Dv}, q.options()) : at::Tensor();
     AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "causal_linear_attention_fused_backward", [&] {
       const auto *qp = q.data_ptr<scalar_t>(), *kp = k.data_ptr<scalar_t>(), *vp = v.data_ptr<scalar_t>(),
                  *gp = g.data_ptr<scalar_t>();
       auto *gqp = gq.data_ptr<scalar_t>(), *gkp = gk.data_ptr<scalar_t>(), *gvp = gv.data_ptr<scalar_t>();
+      const scalar_t* s0t = initial_t.defined() ? initial_t.data_ptr<scalar_t>() : nullptr;
+      scalar_t* gs0 = ginitial.defined() ? ginitial.data_ptr<scalar_t>() : nullptr;
       at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
         std::vector<scalar_t> S(scratch_elements(kGlobal, Dk, Dv));
         for (int64_t s = begin; s < end; ++s)
           backward_one<scalar_t, kGlobal>(qp + s * L * Dk, kp + s * L * Dk, vp + s * L * Dv, gp + s * L * Dv,
-                                          gqp + s * L * Dk, gkp + s * L * Dk, gvp + s * L * Dv, S.data(), L, Dk, Dv);
+                                          gqp + s * L * Dk, gkp + s * L * Dk, gvp + s * L * Dv, S.data(), L, Dk, Dv,
+                                          s0t ? s0t + s * Dk * Dv : nullptr, gs0 ? gs0 + s * Dk * Dv : nullptr);
       });
     });
-    return {gq, gk, gv};
+    return {gq, gk, gv, ginitial};
   }
 };
+
+// The initial state as LinearAttentionFused takes it.
+at::Tensor initial_input(const at::Tensor& initial_state) {
+  return initial_state.defined() ? initial_state : torch::empty({0});
+}
 class CausalLinearAttentionFused : public LinearAttentionFused<false, CausalLinearAttentionFused> {};
 class GlobalLinearAttentionFused : public LinearAttentionFused<true, GlobalLinearAttentionFused> {};
 
@@ -307,25 +334,29 @@ bool cpu_kernel_takes(const at::Tensor& q) {
 }
 
 at::Tensor causal_linear_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                   int64_t chunk) {
-  check_linear_attention_args(q, k, v, chunk);
+                                   int64_t chunk, const at::Tensor& initial_state) {
+  check_linear_attention_args(q, k, v, chunk, initial_state);
   const bool empty = q.numel() == 0 || v.numel() == 0;
+  // Where no kernel starts from the initial state, its share is one more product.
+  auto from_initial = [&](at::Tensor out) {
+    return initial_state.defined() && !empty ? out + torch::matmul(q, initial_state) : out;
+  };
 #if SEQREC_HAVE_CUDA
   if (cuda_kernel_takes(q, v)) {
     if (empty) return torch::zeros({q.size(0), q.size(1), q.size(2), v.size(3)}, v.options());
-    return CausalLinearAttentionCuda::apply(q, k, v)[0];
+    return from_initial(CausalLinearAttentionCuda::apply(q, k, v)[0]);
   }
 #endif
-  if (!cpu_kernel_takes(q)) return causal_linear_attention_reference(q, k, v, chunk);
+  if (!cpu_kernel_takes(q)) return causal_linear_attention_reference(q, k, v, chunk, initial_state);
   if (empty) return torch::zeros({q.size(0), q.size(1), q.size(2), v.size(3)}, v.options());
-  return CausalLinearAttentionFused::apply(q, k, v)[0];
+  return CausalLinearAttentionFused::apply(q, k, v, initial_input(initial_state))[0];
 }
 
 at::Tensor global_linear_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   check_linear_attention_args(q, k, v, /*chunk=*/1);
   if (!cpu_kernel_takes(q)) return global_linear_attention_reference(q, k, v);
   if (q.numel() == 0 || v.numel() == 0) return torch::zeros({q.size(0), q.size(1), q.size(2), v.size(3)}, v.options());
-  return GlobalLinearAttentionFused::apply(q, k, v)[0];
+  return GlobalLinearAttentionFused::apply(q, k, v, initial_input({}))[0];
 }
 
 }  // namespace seqrec::ops

@@ -32,9 +32,18 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bo
 
 }  // namespace
 
-void check_linear_attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t chunk) {
+void check_linear_attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t chunk,
+                                 const at::Tensor& initial_state) {
   check_qkv(q, k, v);
   TORCH_CHECK(chunk > 0, "chunk must be > 0, got ", chunk);
+  if (!initial_state.defined()) return;
+  TORCH_CHECK(initial_state.dim() == 4 && initial_state.size(0) == q.size(0) && initial_state.size(1) == q.size(1) &&
+                  initial_state.size(2) == q.size(3) && initial_state.size(3) == v.size(3),
+              "initial_state must be [B, H, Dh, Dv] = [", q.size(0), ", ", q.size(1), ", ", q.size(3), ", ", v.size(3),
+              "]; got ", initial_state.sizes());
+  TORCH_CHECK(initial_state.scalar_type() == q.scalar_type() && initial_state.device() == q.device(),
+              "initial_state must be ", q.scalar_type(), " on ", q.device(), "; got ", initial_state.scalar_type(),
+              " on ", initial_state.device());
 }
 
 at::Tensor global_linear_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -43,10 +52,12 @@ at::Tensor global_linear_attention_reference(const at::Tensor& q, const at::Tens
 }
 
 at::Tensor causal_linear_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                             int64_t chunk) {
-  check_linear_attention_args(q, k, v, chunk);
+                                             int64_t chunk, const at::Tensor& initial_state) {
+  check_linear_attention_args(q, k, v, chunk, initial_state);
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), Dh = q.size(3), Dv = v.size(3);
   if (L == 0) return torch::zeros({B, H, 0, Dv}, v.options());
+  if (initial_state.defined())
+    return causal_linear_attention_reference(q, k, v, chunk) + torch::matmul(q, initial_state);
   // The fewest chunks of at most `chunk` slots, evened out: L = 200 at chunk 64 runs 4 chunks
   // of 50 rather than 4 of 64 over 56 padded slots (the op a third faster at d 50).
   const int64_t n = (L + chunk - 1) / chunk, C = (L + n - 1) / n, Lp = n * C;
@@ -251,17 +262,22 @@ at::Tensor linrec_attention_reference(const at::Tensor& q, const at::Tensor& k, 
     pv = pad_keys.value.unsqueeze(0).unsqueeze(2);
     cnt = pad_keys.count.to(q.scalar_type()).view({-1, 1, 1, 1});
   }
-  // out plus the pad keys' share for queries w against key kp: (w · kp) · count · value.
-  auto with_pad_keys = [&](at::Tensor out, const at::Tensor& w, const at::Tensor& kp) {
+  // The product of queries w with keys kn (the pad key kp as the norm leaves it) and values, the
+  // pad keys included: in the causal form their count · kpᵀ vp [B, H, Dk, Dv] is the state every
+  // slot starts from; in the global form their share, (w · kp) · count · vp, is added.
+  auto product = [&](const at::Tensor& w, const at::Tensor& kn, const at::Tensor& kp) {
+    if (causal) {
+      const auto initial = padded ? cnt * kp.transpose(2, 3).matmul(pv) : at::Tensor();
+      return causal_linear_attention(w, kn, vr, /*chunk=*/64, initial);
+    }
+    auto out = global(w, kn, vr);
     return padded ? out + (w * kp).sum(-1, true) * cnt * pv : out;
   };
 
   if (norm == LinrecNorm::kCode) {
     auto qn = qe / qe.norm(2, -1, true).clamp_min(kEps);
     auto kn = ke / ke.norm(2, -1, true).clamp_min(kEps);
-    at::Tensor out = causal ? causal_linear_attention(qn, kn, vr) : global(qn, kn, vr);
-    if (padded) out = with_pad_keys(out, qn, pk / pk.norm(2, -1, true).clamp_min(kEps));
-    return out / std::sqrt(dh);
+    return product(qn, kn, padded ? pk / pk.norm(2, -1, true).clamp_min(kEps) : pk) / std::sqrt(dh);
   }
 
   // Paper: rows of Q / (sqrt(Dh)·||q||); key feature j / (sqrt(n)·||k[:, j]||) where n and the
@@ -282,8 +298,7 @@ at::Tensor linrec_attention_reference(const at::Tensor& q, const at::Tensor& k, 
     count = count + cnt;
   }
   auto scale = (col_sq.clamp_min(kEps) * count.clamp_min(1.0)).rsqrt();
-  auto qt = qn * scale;
-  return with_pad_keys(causal ? causal_linear_attention(qt, ke, vr) : global(qt, ke, vr), qt, pk);
+  return product(qn * scale, ke, pk);
 }
 
 }  // namespace seqrec::ops

@@ -128,7 +128,8 @@ TEST(LinearAttention, ChunkedProductIsExactForAnyChunk) {
 // CPU) against their ATen references (chunked; q (kᵀ v) by batched products), values and all
 // three gradients, in double and float, over shapes that break any blocking (length 1, odd
 // lengths and widths, Dk != Dv), zero rows, and non-contiguous inputs; the global product's last
-// slot is the causal product's.
+// slot is the causal product's; the causal product from an initial state, with its gradient, and
+// a bad initial state named.
 TEST(LinearAttention, FusedKernelsMatchTheirReferences) {
   torch::manual_seed(7);
   for (bool global : {false, true})
@@ -161,8 +162,27 @@ TEST(LinearAttention, FusedKernelsMatchTheirReferences) {
         for (int i = 0; i < 3; ++i) EXPECT_TRUE(close(g_got[i], g_want[i])) << where << " " << names[i];
         if (global) {
           EXPECT_TRUE(close(got.select(2, c.L - 1), causal_linear_attention(q, k, v).select(2, c.L - 1))) << where;
+          continue;
         }
+        // From an initial state: the kernel starts its walk there, the reference adds q · S0.
+        auto s0 = torch::randn({c.B, c.H, c.Dk, c.Dv}, dtype).requires_grad_();
+        auto from = causal_linear_attention(q, k, v, 64, s0);
+        EXPECT_NE(from.grad_fn()->name().find(node), std::string::npos) << from.grad_fn()->name();
+        auto from_want = causal_linear_attention_reference(q, k, v, 16, s0);
+        EXPECT_TRUE(close(from, from_want)) << where << " initial state";
+        EXPECT_TRUE(close(from_want, want + torch::matmul(q, s0))) << where << " initial state, reference";
+        auto gf_got = torch::autograd::grad({from}, {q, k, v, s0}, {gout});
+        auto gf_want = torch::autograd::grad({from_want}, {q, k, v, s0}, {gout});
+        const char* fnames[] = {"dq", "dk", "dv", "dinitial"};
+        for (int i = 0; i < 4; ++i)
+          EXPECT_TRUE(close(gf_got[i], gf_want[i])) << where << " initial state " << fnames[i];
       }
+  auto q = torch::randn({2, 3, 5, 4}), v = torch::randn({2, 3, 5, 6});
+  seqrec::testing::expect_error([&] { causal_linear_attention(q, q, v, 64, torch::randn({2, 3, 6, 4})); },
+                                "initial_state must be [B, H, Dh, Dv] = [2, 3, 4, 6]");
+  seqrec::testing::expect_error(
+      [&] { causal_linear_attention(q, q, v, 64, torch::randn({2, 3, 4, 6}, torch::kFloat64)); },
+      "initial_state must be Float");
 }
 
 // LinRec's global form with the paper's normalisation, fused on the CPU (linrec_fused.cpp: what
