@@ -65,8 +65,9 @@ const char* linrec_form_name(LinrecForm form);
 // of every slot (so in the causal form every query sees all of them). key [H, Dk] before ELU,
 // value [H, Dv], in the op's dtype (float32 for the bfloat16 entries) and on its device; count
 // [B] int64 >= 0. Copies of one key are one rank-one term of KᵀV, one term of the key norms and
-// of the count, so they cost O(H·Dk·Dv) per sequence whatever their number; key and value get
-// gradients (each sequence's, summed in order).
+// of the count, so they cost O(H·Dk·Dv) per sequence whatever their number (in the causal form
+// the rank-one term is the causal product's initial state); key and value get gradients (each
+// sequence's, summed in order).
 struct LinrecPadKeys {
   at::Tensor key, value, count;
   bool defined() const { return count.defined(); }
