@@ -32,13 +32,17 @@ class LinrecAttentionImpl : public AttentionModuleImpl {
   }
 
   at::Tensor forward(const at::Tensor& x, AttentionContext& ctx) override {
-    return apply_linear(out_, attend(project(x), ctx)).view(x.sizes());
+    auto p = project(x);
+    return apply_linear(out_, attend(p, ctx, padded_keys_values(ctx, bf16_attention(p)))).view(x.sizes());
   }
 
-  // Every slice's projections as one product over all slots; attention within each slice.
+  // Every slice's projections as one product over all slots; attention within each slice. The
+  // padded slots' key and value are the same in every slice, so they are projected once.
   at::Tensor forward_slices(const at::Tensor& x, SliceLayout& layout) override {
-    auto p = layout.split(project(x));
-    return apply_linear(out_, layout.each([&](size_t s) { return attend(p[s], layout.ctx[s]); }));
+    auto all = project(x);
+    const auto pad_kv = padded_keys_values(layout.ctx.front(), bf16_attention(all));
+    auto p = layout.split(all);
+    return apply_linear(out_, layout.each([&](size_t s) { return attend(p[s], layout.ctx[s], pad_kv); }));
   }
 
   // The last slot sees every real key in either form: the global form gives it without the
@@ -65,12 +69,18 @@ class LinrecAttentionImpl : public AttentionModuleImpl {
     return ops::bf16_products(x) ? ops::product_bf16(x, qkv_->weight) : apply_linear(qkv_, x);
   }
 
+  // Whether project() gave a bfloat16 product before its bias (the op then adds the bias).
+  bool bf16_attention(const at::Tensor& p) const {
+    return p.scalar_type() == at::kBFloat16 && qkv_->bias.scalar_type() != at::kBFloat16;
+  }
+
   // p [B, L, 3·D] from project() -> [B·L, D] before the output projection (bfloat16 from a
-  // bfloat16 product, so the output projection reads it as it is).
-  at::Tensor attend(const at::Tensor& p, AttentionContext& ctx) {
+  // bfloat16 product, so the output projection reads it as it is); pad_kv from
+  // padded_keys_values().
+  at::Tensor attend(const at::Tensor& p, AttentionContext& ctx, const at::Tensor& pad_kv) {
     const auto form = ctx.causal ? ops::LinrecForm::kCausal : ops::LinrecForm::kGlobal;
-    const bool bf16 = p.scalar_type() == at::kBFloat16 && qkv_->bias.scalar_type() != at::kBFloat16;
-    const auto pad = pad_keys(padded_keys_values(ctx, bf16), ctx.key_padding);
+    const bool bf16 = bf16_attention(p);
+    const auto pad = pad_keys(pad_kv, ctx.key_padding);
     auto o = bf16 ? ops::linrec_attention_packed_bf16(p, qkv_->bias, heads_, ctx.key_padding, norm_, form, pad)
                   : ops::linrec_attention_packed(p, heads_, ctx.key_padding, norm_, form, pad);
     return o.reshape({-1, o.size(-1)});
