@@ -7,7 +7,10 @@
 #   bench/train_time_rounds.sh [ROUNDS] [STEPS] -- TRAIN FLAGS...
 # e.g. (LinRec's paper setting in its released code's scheme, the time bar's own):
 #   bench/train_time_rounds.sh 3 80 -- --flagfile configs/ml-1m/linrec.flags --objective last --train_prefixes
-# Environment: MODELS (default "sasrec linrec"), BINS (name=path pairs, default
+# Environment: MODELS (default "sasrec linrec": each a --model after the flags; an entry
+# NAME=FLAGFILE runs --flagfile FLAGFILE ahead of the flags instead, so each model can take its own
+# config, e.g. MODELS="sasrec=configs/ml-1m/common/sasrec.flags
+# linrec=configs/ml-1m/common/linrec.flags" -- --train_windows), BINS (name=path pairs, default
 # "build=build/seqrec"; name a second binary to time a change against; BIN_FLAGS_<name> adds
 # flags to that entry's runs, so one binary can be timed two ways, e.g. BINS="fp32=build/seqrec
 # bf16=build/seqrec" BIN_FLAGS_bf16="--matmul_precision medium"), THREADS (default 1),
@@ -24,6 +27,9 @@ bins=${BINS:-build=build/seqrec}
 threads=${THREADS:-1}
 work=${BENCH_DIR:-/tmp/seqrec-time-rounds}
 data=${DATA:-runs/ml-1m-uf}
+for m in $models; do
+  [[ $m != *=* ]] || [ -f "${m#*=}" ] || { echo "no such flagfile: ${m#*=} (MODELS entry $m)" >&2; exit 1; }
+done
 mkdir -p "$work"
 if [ ! -f "$data/meta.h5" ]; then
   src=${ML1M:-../shared/data/ml-1m/sasrec/ml-1m.txt.xz}
@@ -42,13 +48,15 @@ done
 results=$work/results.txt
 : > "$results"
 for r in $(seq 1 "$rounds"); do
-  for m in $models; do
+  for entry in $models; do
+    m=${entry%%=*}
+    if [[ $entry == *=* ]]; then pre=(--flagfile "${entry#*=}") post=(); else pre=() post=(--model "$m"); fi
     for b in $bins; do
       name=${b%%=*} bin=${b#*=} out=$work/run-$m-$name
       extra_var=BIN_FLAGS_$name
       read -r -a extra <<< "${!extra_var:-}"
       rm -rf "$out"
-      if ! "$bin" train "$@" "${extra[@]}" --model "$m" --data "$data" --out "$out" --threads "$threads" \
+      if ! "$bin" train "${pre[@]}" "$@" "${extra[@]}" "${post[@]}" --data "$data" --out "$out" --threads "$threads" \
           --max_steps "$steps" --final_test=false > "$out.log" 2>&1; then
         echo "round $r $m $name: failed (log: $out.log)" >&2
         tail -3 "$out.log" >&2
@@ -66,6 +74,7 @@ done
 echo "== means (s per extrapolated epoch, peak RSS), ratio to the first model under the same binary"
 echo "   (then each round's time ratio, lowest to highest: this VM drifts between rounds)"
 first=${models%% *}
+first=${first%%=*}
 awk -v first="$first" '
   { key = $1 " " $2; if (!(key in n)) name[++k] = key; n[key]++; t[key] += $3; if ($4 > m[key]) m[key] = $4
     sec[key, $5] = $3; rounds[$5] = 1 }
