@@ -305,6 +305,20 @@ std::string model_signature(const ModelOptions& o) {
   return s;
 }
 
+std::string own_options_text(const ModelOptions& o) {
+  std::string s;
+  for (auto& f : fields()) {
+    if (!f.flag || f.models.empty() || !applies(f, o)) continue;
+    // As a user writes them: booleans as true/false, doubles to 6 digits (signatures keep 17).
+    std::ostringstream v;
+    if (auto b = std::get_if<bool ModelOptions::*>(&f.member)) v << (o.*(*b) ? "true" : "false");
+    else if (auto d = std::get_if<double ModelOptions::*>(&f.member)) v << o.*(*d);
+    else v << get_model_option(o, f.key);
+    s += (s.empty() ? "" : " ") + std::string(f.key) + "=" + v.str();
+  }
+  return s;
+}
+
 ModelOptions parse_model_signature(const std::string& text) {
   ModelOptions o;
   for (auto& [k, v] : signature_fields(text)) {

@@ -118,6 +118,11 @@ std::string get_model_option(const ModelOptions& options, const std::string& key
 // Model-affecting options as "key=value" lines (a variant's own keys only for that variant);
 // stored in checkpoints and compared on load.
 std::string model_signature(const ModelOptions& options);
+
+// The options of the run's model alone (those of model_option_table() that name it, where they
+// apply) as "key=value" separated by spaces, e.g. "linrec_norm=paper linrec_pad_keys=true";
+// empty for a model with none. The trainer logs them with its setup.
+std::string own_options_text(const ModelOptions& options);
 // Inverse of model_signature (absent keys keep their defaults, so signatures written before a
 // key existed still load); throws std::invalid_argument naming an unknown or bad key.
 ModelOptions parse_model_signature(const std::string& text);

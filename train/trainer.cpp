@@ -694,6 +694,7 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
                                 : " examples=one per user") +
            " steps/epoch=" +
            std::to_string(loader.steps_per_epoch()) + " length_groups=" + std::to_string(length_groups));
+  if (const auto own = models::own_options_text(mo); !own.empty()) log.line("[setup] " + mo.model + ": " + own);
   log.line("[setup] model selection: valid " + o.select_metric + " under \"" + o.select_protocol.describe() + "\"");
   if (fault.step > 0) {
     if (fault.rank >= world)

@@ -455,6 +455,29 @@ TEST(Models, VariantOptionsAreValidatedAndSigned) {
   EXPECT_TRUE(signature_difference(old, model_signature(s)).empty());
 }
 
+// The setup line's own options: the run's model's keys alone, where they apply.
+TEST(Models, OwnOptionsNameTheModelsKeysOnly) {
+  ModelOptions o;
+  o.num_items = 10;
+  EXPECT_EQ(own_options_text(o), "");  // SASRec reads only shared options
+  o.model = "linrec";
+  EXPECT_EQ(own_options_text(o), "linrec_norm=paper");  // the pad keys only where on
+  o.linrec_pad_keys = true;
+  EXPECT_EQ(own_options_text(o), "linrec_norm=paper linrec_pad_keys=true");
+  o.model = "lightsans";
+  o.interests = 7;
+  EXPECT_EQ(own_options_text(o), "interests=7 lightsans_position=decoupled");
+  o.model = "lisa";
+  const auto lisa = own_options_text(o);
+  EXPECT_NE(lisa.find("lisa_variant=base"), std::string::npos) << lisa;
+  EXPECT_NE(lisa.find("lisa_temperature=0.7 "), std::string::npos) << lisa;  // not 0.69999999999999996
+  EXPECT_EQ(lisa.find("ema_decay"), std::string::npos) << lisa;  // only under --codebook_update ema
+  EXPECT_EQ(lisa.find("interests"), std::string::npos) << lisa;
+  EXPECT_EQ(own_options_text(o).find("num_users"), std::string::npos);
+  o.model = "flash4rec";
+  EXPECT_EQ(own_options_text(o).find("num_users"), std::string::npos);  // set from the data, not a flag
+}
+
 ModelOptions sasrec_small() {
   ModelOptions o;
   o.num_items = 30;
