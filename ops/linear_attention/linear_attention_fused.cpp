@@ -337,14 +337,12 @@ at::Tensor causal_linear_attention(const at::Tensor& q, const at::Tensor& k, con
                                    int64_t chunk, const at::Tensor& initial_state) {
   check_linear_attention_args(q, k, v, chunk, initial_state);
   const bool empty = q.numel() == 0 || v.numel() == 0;
-  // Where no kernel starts from the initial state, its share is one more product.
-  auto from_initial = [&](at::Tensor out) {
-    return initial_state.defined() && !empty ? out + torch::matmul(q, initial_state) : out;
-  };
 #if SEQREC_HAVE_CUDA
   if (cuda_kernel_takes(q, v)) {
     if (empty) return torch::zeros({q.size(0), q.size(1), q.size(2), v.size(3)}, v.options());
-    return from_initial(CausalLinearAttentionCuda::apply(q, k, v)[0]);
+    // The CUDA kernel starts from zeros: the initial state's share is one more product.
+    auto out = CausalLinearAttentionCuda::apply(q, k, v)[0];
+    return initial_state.defined() ? out + torch::matmul(q, initial_state) : out;
   }
 #endif
   if (!cpu_kernel_takes(q)) return causal_linear_attention_reference(q, k, v, chunk, initial_state);
