@@ -743,6 +743,10 @@ TEST_F(Cli, EveryShippedConfigTrains) {
                             " --max_steps 2 --batch_size 16 --final_test=false --threads 1 --log_every 1000" + users,
                         300);
     EXPECT_EQ(r.code, 0) << e.path() << "\n" << r.output;
+    // The setup log names the variant's own options (common/linrec.flags takes the pad keys).
+    if (text.find("--linrec_pad_keys=true") != std::string::npos) {
+      EXPECT_TRUE(contains(r.output, "[setup] linrec: linrec_norm=paper linrec_pad_keys=true")) << r.output;
+    }
   }
   EXPECT_GE(configs, 10);
 }
