@@ -123,6 +123,7 @@ std::string model_signature(const ModelOptions& options);
 // apply) as "key=value" separated by spaces, e.g. "linrec_norm=paper linrec_pad_keys=true";
 // empty for a model with none. The trainer logs them with its setup.
 std::string own_options_text(const ModelOptions& options);
+
 // Inverse of model_signature (absent keys keep their defaults, so signatures written before a
 // key existed still load); throws std::invalid_argument naming an unknown or bad key.
 ModelOptions parse_model_signature(const std::string& text);
