@@ -396,18 +396,20 @@ TEST(LinearAttention, LinrecBf16EntriesEqualTheComposition) {
 // packed, last-slot and bfloat16 entries give what the q, k, v entry gives; bad pad keys are named.
 TEST(LinearAttention, LinrecPadKeysEqualTheirCopies) {
   torch::manual_seed(41);
+  // Flat, not a Case inside: GCC 12 warns (falsely) on the nested braced vectors otherwise.
   struct PadCase {
-    Case c;
-    std::vector<int64_t> counts;
+    int64_t B, H, L, D;
+    std::vector<int64_t> lengths, counts;
   };
+  const std::vector<PadCase> cases{{1, 1, 1, 1, {1}, {3}},
+                                   {3, 2, 7, 5, {7, 3, 0}, {0, 4, 9}},
+                                   {2, 3, 10, 16, {10, 6}, {1, 13}},
+                                   {2, 1, 30, 50, {30, 11}, {0, 19}}};
   for (auto dtype : {torch::kFloat64, torch::kFloat32})
     for (auto norm : {LinrecNorm::kPaper, LinrecNorm::kCode})
       for (auto form : {LinrecForm::kCausal, LinrecForm::kGlobal})
-        for (const PadCase& pc : std::vector<PadCase>{{{1, 1, 1, 1, {1}}, {3}},
-                                                      {{3, 2, 7, 5, {7, 3, 0}}, {0, 4, 9}},
-                                                      {{2, 3, 10, 16, {10, 6}}, {1, 13}},
-                                                      {{2, 1, 30, 50, {30, 11}}, {0, 19}}}) {
-          const Case& c = pc.c;
+        for (const PadCase& pc : cases) {
+          const Case c{pc.B, pc.H, pc.L, pc.D, pc.lengths};
           const int64_t B = c.B, H = c.H, L = c.L, D = c.D;
           const int64_t P = *std::max_element(pc.counts.begin(), pc.counts.end()), W = P + L;
           const std::string where = describe({B, H, L, D, D}, dtype) + " " + linrec_norm_name(norm) + " " +
