@@ -409,8 +409,7 @@ TEST(LinearAttention, LinrecPadKeysEqualTheirCopies) {
     for (auto norm : {LinrecNorm::kPaper, LinrecNorm::kCode})
       for (auto form : {LinrecForm::kCausal, LinrecForm::kGlobal})
         for (const PadCase& pc : cases) {
-          const Case c{pc.B, pc.H, pc.L, pc.D, pc.lengths};
-          const int64_t B = c.B, H = c.H, L = c.L, D = c.D;
+          const int64_t B = pc.B, H = pc.H, L = pc.L, D = pc.D;
           const int64_t P = *std::max_element(pc.counts.begin(), pc.counts.end()), W = P + L;
           const std::string where = describe({B, H, L, D, D}, dtype) + " " + linrec_norm_name(norm) + " " +
                                     linrec_form_name(form);
@@ -418,7 +417,7 @@ TEST(LinearAttention, LinrecPadKeysEqualTheirCopies) {
           auto q = make({B, H, L, D}), k = make({B, H, L, D}), v = make({B, H, L, D});
           auto pk = make({H, D}), pv = make({H, D});
           auto count = torch::tensor(pc.counts, torch::kLong);
-          auto pad = padding_mask(c.lengths, L);
+          auto pad = padding_mask(pc.lengths, L);
           // The copies: row b gets P - count[b] masked slots, then count[b] copies, then its L slots.
           std::vector<at::Tensor> kw, vw;
           auto wpad = torch::ones({B, W}, torch::kBool);
