@@ -32,10 +32,6 @@ install_packages() {
 build() {
   # ccache's directory outside the clone survives between builds on one machine.
   export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/seqrec-ccache}
-  # Every TU takes the shared precompiled header through -include; without these sloppiness
-  # settings ccache 4.7 refuses all of them ("could not use precompiled header": 231 of 231
-  # calls uncacheable, 2026-12-03), and with them a hit costs ~1 s against ~20 s.
-  export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release
   cmake --build "$BUILD_DIR" -j "$JOBS"
 }
