@@ -14,21 +14,23 @@
 #
 # A CCACHE_SLOPPINESS or CCACHE_BASEDIR in the environment at the first configure is taken
 # instead of the default; an empty SEQREC_CCACHE_BASEDIR hashes absolute paths.
+# out = $ENV{env} when that is set, else default.
+function(_seqrec_env_or_default out env default)
+  if(DEFINED ENV{${env}})
+    set(${out} "$ENV{${env}}" PARENT_SCOPE)
+  else()
+    set(${out} "${default}" PARENT_SCOPE)
+  endif()
+endfunction()
+
 macro(seqrec_use_ccache)
   find_program(CCACHE_PROGRAM ccache)
   if(CCACHE_PROGRAM)
-    if(DEFINED ENV{CCACHE_SLOPPINESS})
-      set(_seqrec_sloppiness "$ENV{CCACHE_SLOPPINESS}")
-    else()
-      set(_seqrec_sloppiness "pch_defines,time_macros,include_file_mtime,include_file_ctime")
-    endif()
+    _seqrec_env_or_default(_seqrec_sloppiness CCACHE_SLOPPINESS
+                           "pch_defines,time_macros,include_file_mtime,include_file_ctime")
     set(SEQREC_CCACHE_SLOPPINESS "${_seqrec_sloppiness}" CACHE STRING
         "CCACHE_SLOPPINESS the compiler launcher runs ccache with")
-    if(DEFINED ENV{CCACHE_BASEDIR})
-      set(_seqrec_basedir "$ENV{CCACHE_BASEDIR}")
-    else()
-      set(_seqrec_basedir "${CMAKE_SOURCE_DIR}")
-    endif()
+    _seqrec_env_or_default(_seqrec_basedir CCACHE_BASEDIR "${CMAKE_SOURCE_DIR}")
     set(SEQREC_CCACHE_BASEDIR "${_seqrec_basedir}" CACHE PATH
         "CCACHE_BASEDIR the compiler launcher runs ccache with (empty: absolute paths are hashed)")
     set(SEQREC_LAUNCHER ${CMAKE_COMMAND} -E env "CCACHE_SLOPPINESS=${SEQREC_CCACHE_SLOPPINESS}"
