@@ -14,6 +14,7 @@
 #
 # A CCACHE_SLOPPINESS or CCACHE_BASEDIR in the environment at the first configure is taken
 # instead of the default; an empty SEQREC_CCACHE_BASEDIR hashes absolute paths.
+
 # out = $ENV{env} when that is set, else default.
 function(_seqrec_env_or_default out env default)
   if(DEFINED ENV{${env}})

@@ -2,7 +2,8 @@
 # seqrec_use_ccache() with real ccache: one small project with a precompiled header (as every
 # seqrec TU has) and a project include dir, copied to two paths and built with a fresh cache.
 # The second copy must hit on every compile, none refused for the PCH; the same with
-# SEQREC_CCACHE_BASEDIR empty must miss, which shows that the base directory makes the hits.
+# SEQREC_CCACHE_BASEDIR empty must miss, which shows that the base directory makes the hits, and so
+# must a copy configured with CCACHE_BASEDIR in the environment naming another directory.
 find_program(CCACHE ccache)
 if(NOT CCACHE)
   message("SKIPPED: ccache is not installed; seqrec builds without it")
@@ -40,9 +41,9 @@ function(run_isolated)
   set(run_out "${out}" PARENT_SCOPE)
 endfunction()
 
-function(build_copy name)  # ARGN: extra configure arguments
+function(build_copy name configure_env)  # configure_env: "" or NAME=VALUE; ARGN: configure arguments
   write_project("${WORK_DIR}/${name}/probe")
-  run_isolated(${CMAKE_COMMAND} -S "${WORK_DIR}/${name}/probe" -B "${WORK_DIR}/${name}/probe/build"
+  run_isolated(${configure_env} ${CMAKE_COMMAND} -S "${WORK_DIR}/${name}/probe" -B "${WORK_DIR}/${name}/probe/build"
                -G "${GENERATOR}" ${ARGN})
   run_isolated(${CCACHE} -z)
   run_isolated(${CMAKE_COMMAND} --build "${WORK_DIR}/${name}/probe/build")
@@ -62,15 +63,19 @@ function(build_copy name)  # ARGN: extra configure arguments
 endfunction()
 
 # The PCH and the two sources: three compiles.
-build_copy(first)
+build_copy(first "")
 if(NOT misses EQUAL 3 OR NOT pch_refused EQUAL 0)
   message(SEND_ERROR "first build: expected 3 misses and no PCH refusals, got ${misses} and ${pch_refused}")
 endif()
-build_copy(second_path)
+build_copy(second_path "")
 if(NOT hits EQUAL 3 OR NOT misses EQUAL 0)
   message(SEND_ERROR "a copy at another path: expected 3 hits and no misses, got ${hits} and ${misses}")
 endif()
-build_copy(without_basedir -DSEQREC_CCACHE_BASEDIR=)
+build_copy(without_basedir "" -DSEQREC_CCACHE_BASEDIR=)
 if(NOT misses EQUAL 3)
   message(SEND_ERROR "with SEQREC_CCACHE_BASEDIR empty: expected 3 misses, got ${misses} (${hits} hits)")
+endif()
+build_copy(env_basedir "CCACHE_BASEDIR=${WORK_DIR}/elsewhere")
+if(NOT misses EQUAL 3)
+  message(SEND_ERROR "with CCACHE_BASEDIR=${WORK_DIR}/elsewhere at configure: expected 3 misses, got ${misses} (${hits} hits)")
 endif()
