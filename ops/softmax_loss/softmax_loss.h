@@ -8,7 +8,9 @@
 //   chunk's logits: peak memory O(chunk·N + T) instead of O(T·N) (at ML-1M's 25,600 slots x
 //   3,417 items, 350 MB of logits), for a fourth product per chunk. A catalogue of millions of
 //   items always takes this way.
-// Both give the same values and the same gradients bit for bit.
+// Both give the same values and the same gradients bit for bit. On the CPU (float or double) the
+// softmax and gradient passes over each chunk run fused row kernels (softmax_loss_rows.h) unless
+// `--fused_kernels=false`; softmax_loss_sum_reference runs ATen's ops for them everywhere.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -23,5 +25,10 @@ namespace seqrec::ops {
 // argument on a bad shape, dtype, chunk, budget or target.
 at::Tensor softmax_loss_sum(const at::Tensor& hidden, const at::Tensor& table, const at::Tensor& targets,
                             int64_t chunk_rows = 2048, int64_t keep_bytes = int64_t{256} << 20);
+
+// The same loss with the row passes in ATen's ops on any device: what the fused rows are tested
+// against (their values differ by exp's rounding, within 2 ulp per probability).
+at::Tensor softmax_loss_sum_reference(const at::Tensor& hidden, const at::Tensor& table, const at::Tensor& targets,
+                                      int64_t chunk_rows = 2048, int64_t keep_bytes = int64_t{256} << 20);
 
 }  // namespace seqrec::ops

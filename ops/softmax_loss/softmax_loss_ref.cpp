@@ -1,6 +1,8 @@
 #include "ops/softmax_loss/softmax_loss.h"
 
+#include "ops/kernels.h"
 #include "ops/products.h"
+#include "ops/softmax_loss/softmax_loss_rows.h"
 
 #include <torch/torch.h>
 
@@ -30,7 +32,11 @@ at::Tensor softmax_rows_(at::Tensor& logits) {
   return torch::cat({m, sum}, 1);
 }
 
-struct ChunkedSoftmaxLoss : public torch::autograd::Function<ChunkedSoftmaxLoss> {
+// kFused: the row passes (the softmax, its recomputation and the gradient) run
+// softmax_loss_rows.h's kernels; otherwise ATen's ops, the reference. Everything else (the
+// products, the chunking, what is saved) is shared, so the two differ only by the rows' roundings.
+template <typename Self, bool kFused>
+struct ChunkedSoftmaxLoss : public torch::autograd::Function<Self> {
   // keep: the forward stores every row's probabilities ([T, N + 1], computed in place of the
   // logits) and the backward uses them, consuming them in place; otherwise it saves only each
   // row's maximum and sum ([T, 2]) and recomputes each chunk's probabilities from its logits.
@@ -53,7 +59,11 @@ struct ChunkedSoftmaxLoss : public torch::autograd::Function<ChunkedSoftmaxLoss>
       }
       auto target_logit = logits.gather(1, targets.narrow(0, r0, n).unsqueeze(1)).squeeze(1);
       auto mn = norm.narrow(0, r0, n);
-      mn.copy_(softmax_rows_(logits));
+      if constexpr (kFused) {
+        detail::softmax_rows_fused(logits, mn);
+      } else {
+        mn.copy_(softmax_rows_(logits));
+      }
       auto lse = mn.select(1, 0) + mn.select(1, 1).log();
       total += (lse - target_logit).sum().to(at::kDouble);
     }
@@ -77,16 +87,15 @@ struct ChunkedSoftmaxLoss : public torch::autograd::Function<ChunkedSoftmaxLoss>
       // d/dlogits = softmax - onehot(target), times the incoming gradient. The kept
       // probabilities are consumed in place (a second backward through this node then fails
       // autograd's version check rather than reading them altered).
-      at::Tensor p;
-      if (keep) {
-        p = saved[3].narrow(0, r0, n);
+      at::Tensor p = keep ? saved[3].narrow(0, r0, n) : chunk_logits(hidden, tab, r0, n);
+      const auto mn = keep ? at::Tensor() : saved[3].narrow(0, r0, n);
+      if constexpr (kFused) {
+        detail::softmax_grad_rows_fused(p, mn, targets.narrow(0, r0, n), g);
       } else {
-        p = chunk_logits(hidden, tab, r0, n);
-        const auto mn = saved[3].narrow(0, r0, n);
-        p.sub_(mn.narrow(1, 0, 1)).exp_().div_(mn.narrow(1, 1, 1));
+        if (!keep) p.sub_(mn.narrow(1, 0, 1)).exp_().div_(mn.narrow(1, 1, 1));
+        p.scatter_add_(1, targets.narrow(0, r0, n).unsqueeze(1), -torch::ones({n, 1}, p.options()));
+        p.mul_(g);
       }
-      p.scatter_add_(1, targets.narrow(0, r0, n).unsqueeze(1), -torch::ones({n, 1}, p.options()));
-      p.mul_(g);
       auto gh = grad_hidden.narrow(0, r0, n);
       ops::mm_out(gh, p, tab);
       ops::addmm_(grad_table, p.t(), hidden.narrow(0, r0, n));
@@ -95,10 +104,12 @@ struct ChunkedSoftmaxLoss : public torch::autograd::Function<ChunkedSoftmaxLoss>
   }
 };
 
-}  // namespace
+struct SoftmaxLossFused : ChunkedSoftmaxLoss<SoftmaxLossFused, true> {};
+struct SoftmaxLossReference : ChunkedSoftmaxLoss<SoftmaxLossReference, false> {};
 
-at::Tensor softmax_loss_sum(const at::Tensor& hidden, const at::Tensor& table, const at::Tensor& targets,
-                            int64_t chunk_rows, int64_t keep_bytes) {
+// Checks the arguments; returns whether the forward keeps the probabilities.
+bool check_and_plan(const at::Tensor& hidden, const at::Tensor& table, const at::Tensor& targets, int64_t chunk_rows,
+                    int64_t keep_bytes) {
   TORCH_CHECK(hidden.dim() == 2 && at::isFloatingType(hidden.scalar_type()), "hidden must be float [T, D]; got ",
               hidden.sizes(), " ", hidden.scalar_type());
   TORCH_CHECK(table.dim() == 2 && table.size(1) == hidden.size(1) && table.size(0) >= 2 &&
@@ -119,7 +130,25 @@ at::Tensor softmax_loss_sum(const at::Tensor& hidden, const at::Tensor& table, c
   const bool grad = at::GradMode::is_enabled() && (hidden.requires_grad() || table.requires_grad());
   const double bytes = static_cast<double>(hidden.size(0)) * static_cast<double>(table.size(0)) *
                        static_cast<double>(hidden.element_size());
-  return ChunkedSoftmaxLoss::apply(hidden, table, targets, chunk_rows, grad && bytes <= static_cast<double>(keep_bytes));
+  return grad && bytes <= static_cast<double>(keep_bytes);
+}
+
+}  // namespace
+
+at::Tensor softmax_loss_sum(const at::Tensor& hidden, const at::Tensor& table, const at::Tensor& targets,
+                            int64_t chunk_rows, int64_t keep_bytes) {
+  const bool keep = check_and_plan(hidden, table, targets, chunk_rows, keep_bytes);
+  // The logits take the hidden states' dtype and device (the products write them contiguous).
+  const auto type = hidden.scalar_type();
+  if (fused_kernels() && hidden.device().is_cpu() && (type == at::kFloat || type == at::kDouble))
+    return SoftmaxLossFused::apply(hidden, table, targets, chunk_rows, keep);
+  return SoftmaxLossReference::apply(hidden, table, targets, chunk_rows, keep);
+}
+
+at::Tensor softmax_loss_sum_reference(const at::Tensor& hidden, const at::Tensor& table, const at::Tensor& targets,
+                                      int64_t chunk_rows, int64_t keep_bytes) {
+  const bool keep = check_and_plan(hidden, table, targets, chunk_rows, keep_bytes);
+  return SoftmaxLossReference::apply(hidden, table, targets, chunk_rows, keep);
 }
 
 }  // namespace seqrec::ops

@@ -74,6 +74,11 @@ std::vector<Case> cases() {
   out.push_back({"routing", "RoutedAttention", [=] { return routed_attention(r, v, plan, pad, scale, 0.0, false); },
                  [=] { return routed_attention_reference(r, v, plan, pad, scale, 0.0, false); }});
 
+  auto hidden = grad(torch::randn({L, D})), items = grad(torch::randn({7, D}));
+  auto targets = torch::randint(1, 7, {L}, torch::kLong);
+  out.push_back({"softmax_loss", "SoftmaxLossFused", [=] { return softmax_loss_sum(hidden, items, targets, 5, 0); },
+                 [=] { return softmax_loss_sum_reference(hidden, items, targets, 5, 0); }});
+
   out.push_back({"dropout", "DropoutFused",
                  [=] {
                    torch::manual_seed(17);
