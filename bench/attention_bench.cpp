@@ -5,7 +5,7 @@
 // OP: softmax | linrec | linrec:global | linrec:packed | linrec:packed:bf16 | linear | linear:reference | linear:global | linear:global:reference
 //     | lightsans | lightsans:reference | lisa | lisa:reference | routing
 //     | routing:reference | gated:softmax[:topk][:reference|:rows]
-//     | gated:cosine[:topk][:reference|:rows] | model:<name> | loss:softmax | loss:softmax:recompute
+//     | gated:cosine[:topk][:reference|:rows] | model:<name> | loss:softmax[:recompute][:reference]
 // linrec:packed is linrec:global on the packed [B, L, 3·dim] projection the model passes (its heads
 // read in place); linrec:packed:bf16 the same on its bfloat16 product and float32 bias, returning
 // bfloat16 (what the model passes at --matmul_precision medium). linear is the causal linear-attention product alone (the fused kernel of the device: CPU or
@@ -20,8 +20,9 @@
 // model (2 blocks, ML-1M's 3,416 items, every slot real): encode, a softmax over the items at the
 // last slot, backward. loss:softmax is the full-catalogue softmax loss (ops/softmax_loss) over
 // --tokens hidden states of --dim against --items items (default 3,416), keeping the forward's
-// probabilities when they fit its budget; loss:softmax:recompute always recomputes them
-// (--len is then only a required 1). Prints one JSON line: op, len, batch, device, ms (median
+// probabilities when they fit its budget; loss:softmax:recompute always recomputes them;
+// :reference runs its row passes in ATen's ops instead of the fused CPU rows (--len is then
+// only a required 1). Prints one JSON line: op, len, batch, device, ms (median
 // fwd+bwd, the device synchronised), peak_mb (on the CPU the resident high-water mark above the
 // inputs' baseline; on a CUDA device the peak allocated through Torch's caching allocator above
 // the inputs').
@@ -62,7 +63,7 @@ double status_mb(const char* key) {
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr, "attention_bench: %s\nusage: attention_bench --op softmax|linrec|linrec:global|linrec:packed|linrec:packed:bf16|linear|linear:reference|linear:global|linear:global:reference|lightsans|lightsans:reference|lisa|lisa:reference|routing|routing:reference|"
-               "gated:softmax|gated:cosine[:topk][:reference|:rows]|model:<name>[:cosine]|loss:softmax[:recompute] --len L "
+               "gated:softmax|gated:cosine[:topk][:reference|:rows]|model:<name>[:cosine]|loss:softmax[:recompute][:reference] --len L "
                "[--tokens N] [--dim D] [--items N] [--heads H] [--interests K] [--codebooks C] [--codewords W] [--iters I] "
                "[--device cpu|cuda|cuda:N]\n",
                why.c_str());
@@ -210,12 +211,17 @@ int main(int argc, char** argv) {
       return reference ? seqrec::ops::gated_attention_reference(q, k, v, pad, go)
                        : seqrec::ops::gated_attention(q, k, v, pad, go);
     };
-  } else if (op == "loss:softmax" || op == "loss:softmax:recompute") {
+  } else if (op == "loss:softmax" || op == "loss:softmax:recompute" || op == "loss:softmax:reference" ||
+             op == "loss:softmax:recompute:reference") {
     auto hidden = leaf(torch::randn({tokens, dim}, opt));
     auto table = leaf(torch::randn({items + 1, dim}, opt) * 0.1);
     auto targets = torch::randint(1, items + 1, {tokens}, opt.dtype(torch::kLong));
-    const int64_t keep_bytes = op == "loss:softmax" ? int64_t{256} << 20 : 0;
-    run = [=] { return seqrec::ops::softmax_loss_sum(hidden, table, targets, 2048, keep_bytes); };
+    const int64_t keep_bytes = op.find(":recompute") == std::string::npos ? int64_t{256} << 20 : 0;
+    const bool reference = op.find(":reference") != std::string::npos;
+    run = [=] {
+      return reference ? seqrec::ops::softmax_loss_sum_reference(hidden, table, targets, 2048, keep_bytes)
+                       : seqrec::ops::softmax_loss_sum(hidden, table, targets, 2048, keep_bytes);
+    };
   } else if (op.rfind("model:", 0) == 0) {
     seqrec::models::ModelOptions o;
     o.model = op.substr(6);

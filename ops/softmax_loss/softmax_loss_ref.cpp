@@ -100,6 +100,9 @@ struct ChunkedSoftmaxLoss : public torch::autograd::Function<Self> {
       ops::mm_out(gh, p, tab);
       ops::addmm_(grad_table, p.t(), hidden.narrow(0, r0, n));
     }
+    // The fused rows wrote the kept probabilities through their data: tell autograd's version
+    // check, as the reference's in-place ops do, so that a second backward fails as it does there.
+    if (kFused && keep) torch::autograd::impl::bump_version(saved[3]);
     return {grad_hidden, grad_table, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

@@ -96,9 +96,9 @@ TEST(SoftmaxLoss, KeptAndRecomputedProbabilitiesAgreeBitForBit) {
 // The fused row passes (on by default on the CPU) against the reference's ATen ops, at a
 // catalogue the width of ML-1M's (rows wider than any vector, with a remainder), kept and
 // recomputed, and with logits spread so far that most probabilities underflow (exp's argument
-// below -87, where the fused exp stops at exp(-87)): the loss within 1e-6 relative, gradients
-// within 1e-5 relative plus 1e-7 absolute (exp's rounding, 2 ulp per probability). float and
-// double.
+// below -87, where the fused exp stops at exp(-87)): the loss within 1e-6 relative, each
+// gradient's largest difference within 1e-5 of its largest entry (exp's rounding, 2 ulp per
+// probability, summed over 3,416 items). float and double.
 TEST(SoftmaxLoss, FusedRowsMatchTheReference) {
   ASSERT_TRUE(seqrec::ops::fused_kernels());
   torch::manual_seed(8);
@@ -121,10 +121,12 @@ TEST(SoftmaxLoss, FusedRowsMatchTheReference) {
         };
         const auto got = run(true), want = run(false);
         EXPECT_NEAR(got[0].item<double>(), want[0].item<double>(), 1e-6 * std::abs(want[0].item<double>())) << at;
-        EXPECT_TRUE(torch::allclose(got[1], want[1], 1e-5, 1e-7)) << at << " hidden gradient, max difference "
-                                                                   << (got[1] - want[1]).abs().max().item<double>();
-        EXPECT_TRUE(torch::allclose(got[2], want[2], 1e-5, 1e-7)) << at << " table gradient, max difference "
-                                                                   << (got[2] - want[2]).abs().max().item<double>();
+        for (int i : {1, 2}) {
+          const double diff = (got[i] - want[i]).abs().max().item<double>();
+          const double scale = want[i].abs().max().item<double>();
+          EXPECT_LE(diff, 1e-5 * scale) << at << (i == 1 ? " hidden" : " table") << " gradient: max difference "
+                                        << diff << " against a largest entry of " << scale;
+        }
         EXPECT_EQ(got[2][0].abs().max().item<double>(), 0.0) << at << ": the padding row is never a class";
       }
 }
