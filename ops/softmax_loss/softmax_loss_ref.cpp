@@ -144,7 +144,7 @@ at::Tensor softmax_loss_sum(const at::Tensor& hidden, const at::Tensor& table, c
   // The logits take the hidden states' dtype and device (the products write them contiguous).
   const auto type = hidden.scalar_type();
   if (fused_kernels() && hidden.device().is_cpu() && (type == at::kFloat || type == at::kDouble))
-    return SoftmaxLossFused::apply(hidden, table, targets, chunk_rows, keep);
+    return SoftmaxLossFused::apply(hidden, table, targets.contiguous(), chunk_rows, keep);  // rows read it raw
   return SoftmaxLossReference::apply(hidden, table, targets, chunk_rows, keep);
 }
 
