@@ -1,7 +1,7 @@
 # seqrec_use_ccache(): when ccache is found, every C, C++ and CUDA compile goes through it with
 # the settings this project needs, set in the launcher itself so that a plain cmake build gets
 # them, not only ./setup.sh. tests/cmake/test_ccache_launcher.cmake builds a small project with
-# it at two paths and checks the second hits.
+# it at two paths and checks the second hits, and that a PCH rebuilt in place hits.
 #
 # SEQREC_CCACHE_SLOPPINESS: every TU takes the shared precompiled header through -include;
 # without these settings ccache 4.7 refuses all of them ("could not use precompiled header": 231
@@ -14,6 +14,14 @@
 #
 # A CCACHE_SLOPPINESS or CCACHE_BASEDIR in the environment at the first configure is taken
 # instead of the default; an empty SEQREC_CCACHE_BASEDIR hashes absolute paths.
+#
+# The launcher runs ccache through cmake/ccache-compile.sh, which removes an old precompiled
+# header before the compile that regenerates it: ccache hashes an existing .gch into that
+# compile's key (ccache issue #1196), so a PCH rebuilt in a build folder that held one (a header
+# touched, a flag changed back) missed, and so did every TU after it (2026-12-03: 0 of 3 hits in
+# the test's probe; 3 of 3 with the removal).
+
+set(_SEQREC_CCACHE_COMPILE "${CMAKE_CURRENT_LIST_DIR}/ccache-compile.sh")
 
 # out = $ENV{env} when that is set, else default.
 function(_seqrec_env_or_default out env default)
@@ -35,7 +43,7 @@ macro(seqrec_use_ccache)
     set(SEQREC_CCACHE_BASEDIR "${_seqrec_basedir}" CACHE PATH
         "CCACHE_BASEDIR the compiler launcher runs ccache with (empty: absolute paths are hashed)")
     set(SEQREC_LAUNCHER ${CMAKE_COMMAND} -E env "CCACHE_SLOPPINESS=${SEQREC_CCACHE_SLOPPINESS}"
-        "CCACHE_BASEDIR=${SEQREC_CCACHE_BASEDIR}" ${CCACHE_PROGRAM})
+        "CCACHE_BASEDIR=${SEQREC_CCACHE_BASEDIR}" /bin/sh ${_SEQREC_CCACHE_COMPILE} ${CCACHE_PROGRAM})
     set(CMAKE_C_COMPILER_LAUNCHER ${SEQREC_LAUNCHER})
     set(CMAKE_CXX_COMPILER_LAUNCHER ${SEQREC_LAUNCHER})
     set(CMAKE_CUDA_COMPILER_LAUNCHER ${SEQREC_LAUNCHER})
