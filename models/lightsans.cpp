@@ -48,8 +48,9 @@ class LightSansAttentionImpl : public AttentionModuleImpl {
     if (decoupled_) {
       auto p = pos_ln_(ctx.positions).unsqueeze(0);  // [1, L, D], shared by the batch
       // The op scales by 1/sqrt(dh); the released code's total is 1/(sqrt(2)·dh).
-      auto pq = heads(apply_linear(pos_q_, p)).mul(1.0 / std::sqrt(2.0 * dh)).expand({B, heads_, L, dh});
-      auto pk = heads(apply_linear(pos_k_, p)).expand({B, heads_, L, dh});
+      // Shared by the batch ([1, H, L, dh]): the op computes these scores once for all sequences.
+      auto pq = heads(apply_linear(pos_q_, p)).mul(1.0 / std::sqrt(2.0 * dh));
+      auto pk = heads(apply_linear(pos_k_, p));
       if (!ctx.bias.defined()) ctx.bias = ops::causal_padding_bias(ctx.key_padding, x.scalar_type());
       o = o + ops::causal_softmax_attention_biased(pq, pk, heads(v), ctx.bias, 0.0, is_training());
     }

@@ -23,7 +23,10 @@ at::Tensor causal_padding_bias(const at::Tensor& key_padding, at::ScalarType dty
 at::Tensor padding_bias(const at::Tensor& key_padding, at::ScalarType dtype);
 
 // Same as above with a precomputed bias from causal_padding_bias (or padding_bias, which
-// makes the attention bidirectional). At --matmul_precision medium (ops/products.h) the scores
+// makes the attention bidirectional). q and k may also be [1, H, L, Dh] with v [B, H, L, Dh]:
+// scores shared by the batch (positions-only attention), computed once and told apart by the
+// bias alone; the same result as q and k expanded to the batch, at one L x L product for B.
+// At --matmul_precision medium (ops/products.h) the scores
 // and probabilities stay bfloat16: ops::softmax_dropout_bf16 (ops/dropout/dropout.h) turns the
 // one into the other in a pass per row.
 at::Tensor causal_softmax_attention_biased(const at::Tensor& q, const at::Tensor& k,

@@ -39,24 +39,33 @@ at::Tensor padding_bias(const at::Tensor& key_padding, at::ScalarType dtype) {
 at::Tensor causal_softmax_attention_biased(const at::Tensor& q, const at::Tensor& k,
                                            const at::Tensor& v, const at::Tensor& bias,
                                            double dropout, bool training) {
-  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.sizes() == q.sizes(),
-              "q, k, v must be [B, H, L, Dh] of one shape; got q ", q.sizes(), " k ", k.sizes(),
-              " v ", v.sizes());
-  TORCH_CHECK(bias.dim() == 4 && bias.size(2) == q.size(2) && bias.size(3) == q.size(2),
-              "bias must be [B, 1, L, L]; got ", bias.sizes());
+  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 &&
+                  v.sizes().slice(1) == q.sizes().slice(1) && (v.size(0) == q.size(0) || q.size(0) == 1),
+              "q, k, v must be [B, H, L, Dh] of one shape (q and k may be [1, H, L, Dh], shared by "
+              "the batch); got q ", q.sizes(), " k ", k.sizes(), " v ", v.sizes());
+  TORCH_CHECK(bias.dim() == 4 && bias.size(2) == q.size(2) && bias.size(3) == q.size(2) &&
+                  (bias.size(0) == v.size(0) || bias.size(0) == 1),
+              "bias must be [B or 1, 1, L, L]; got ", bias.sizes(), " for v ", v.sizes());
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), D = q.size(3);
+  const int64_t B = v.size(0), H = q.size(1), L = q.size(2), D = q.size(3);
+  const bool shared = q.size(0) == 1 && B > 1;
   at::Tensor scores;
-  if (H == 1 && bias.size(0) == B && !bf16_products(q)) {
-    // One GEMM call adds the mask and applies the scale: bias + scale * q k^T.
-    scores = torch::baddbmm(bias.view({B, L, L}), q.reshape({B, L, D}), k.reshape({B, L, D}).transpose(1, 2), 1.0, scale)
-                 .view({B, 1, L, L});
-  } else if (bf16_products(q)) {
+  if (bf16_products(q)) {
     // Products on bfloat16 operands: the scores stay bfloat16, and one pass per row scales,
     // masks, normalises and drops them into the bfloat16 operand of the product with v.
     auto s = at::matmul(product_operand(q), product_operand(k).transpose(-2, -1));
+    if (shared) s = s.expand({B, H, L, L}).contiguous();
     auto probs = ops::softmax_dropout_bf16(s, bias.to(at::kFloat), scale, dropout, training);
     return at::matmul(probs, product_operand(v)).to(q.scalar_type());
+  } else if (shared) {
+    // Scores shared by the batch (the positions-only scores of LightSANs' decoupled branch): one
+    // L x L product, broadcast over the batch by the mask; backward sums the batch's score
+    // gradients once before the product's two, where per-sequence copies cost B of each.
+    scores = ops::matmul(q, k.transpose(-2, -1)).mul_(scale) + bias;
+  } else if (H == 1 && bias.size(0) == B) {
+    // One GEMM call adds the mask and applies the scale: bias + scale * q k^T.
+    scores = torch::baddbmm(bias.view({B, L, L}), q.reshape({B, L, D}), k.reshape({B, L, D}).transpose(1, 2), 1.0, scale)
+                 .view({B, 1, L, L});
   } else {
     scores = ops::matmul(q, k.transpose(-2, -1)).mul_(scale).add_(bias);
   }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "ops/kernels.h"
 #include "ops/softmax_attention/softmax_attention.h"
 #include "tests/ops/op_test_util.h"
 
@@ -13,7 +14,9 @@ namespace {
 
 using seqrec::testing::padding_mask;
 
+using seqrec::ops::causal_padding_bias;
 using seqrec::ops::causal_softmax_attention;
+using seqrec::ops::causal_softmax_attention_biased;
 
 // Quadratic reference in double: query i attends keys j <= i that are real; a query with
 // no visible key attends itself.
@@ -120,10 +123,54 @@ TEST(SoftmaxAttention, GradientsFlowAndAreFinite) {
   for (auto* t : {&q, &k, &v}) EXPECT_TRUE(torch::isfinite(t->grad()).all().item<bool>());
 }
 
+// q and k shared by the batch ([1, H, L, D], LightSANs' positions-only scores) give what the
+// same q and k expanded to every sequence give, values and all three gradients, at float32
+// (one L x L product) and at bfloat16 products (expanded there). The expanded run's gradients of
+// q and k are sums over the batch of per-sequence products, the shared run's one product of
+// summed score gradients: rounding apart, so 1e-5 of the largest entry (float32) and, at
+// medium, 2^-6 of it (the score gradients are bfloat16 on both sides and the shared side sums
+// them in bfloat16 before its product: a few bfloat16 roundings; seen 2^-7.5).
+TEST(SoftmaxAttention, ScoresSharedByTheBatchMatchExpandedOnes) {
+  for (const char* precision : {"highest", "medium"}) {
+    seqrec::ops::set_matmul_precision(precision);
+    const double tol = std::string(precision) == "highest" ? 1e-5 : 1.0 / 64;
+    for (int64_t H : {1, 2}) {
+      SCOPED_TRACE(std::string(precision) + " H=" + std::to_string(H));
+      torch::manual_seed(11 + H);
+      const int64_t B = 4, L = 9, D = 6;
+      auto q0 = torch::randn({1, H, L, D}), k0 = torch::randn({1, H, L, D}), v0 = torch::randn({B, H, L, D});
+      auto bias = causal_padding_bias(padding_mask({9, 4, 1, 0}, L), torch::kFloat);
+      auto g = torch::randn({B, H, L, D});
+      auto run = [&](bool expand) {
+        auto q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(), v = v0.clone().requires_grad_();
+        auto qe = expand ? q.expand({B, H, L, D}) : q, ke = expand ? k.expand({B, H, L, D}) : k;
+        auto out = causal_softmax_attention_biased(qe, ke, v, bias, 0.0, false);
+        (out * g).sum().backward();
+        return std::vector<at::Tensor>{out.detach(), q.grad(), k.grad(), v.grad()};
+      };
+      auto shared = run(false), expanded = run(true);
+      const char* names[] = {"output", "dq", "dk", "dv"};
+      for (int i = 0; i < 4; ++i) {
+        ASSERT_EQ(shared[i].sizes(), expanded[i].sizes()) << names[i];
+        const double scale = expanded[i].abs().max().item<double>();
+        EXPECT_LE((shared[i] - expanded[i]).abs().max().item<double>(), tol * scale) << names[i];
+      }
+    }
+  }
+  seqrec::ops::set_matmul_precision("highest");
+}
+
 TEST(SoftmaxAttention, RejectsBadShapes) {
   auto q = torch::randn({1, 1, 4, 2});
   EXPECT_THROW(causal_softmax_attention(q, q, q, torch::zeros({1, 5}, torch::kBool), 0, false), c10::Error);
   EXPECT_THROW(causal_softmax_attention(q, q, torch::randn({1, 1, 3, 2}), torch::zeros({1, 4}, torch::kBool), 0, false),
+               c10::Error);
+  // q and k must have one shape (a batch of 1 or v's); a bias's batch must be v's or 1.
+  auto v = torch::randn({3, 1, 4, 2});
+  auto bias = causal_padding_bias(torch::zeros({3, 4}, torch::kBool), torch::kFloat);
+  EXPECT_THROW(causal_softmax_attention_biased(q, q.expand({3, 1, 4, 2}), v, bias, 0, false), c10::Error);
+  EXPECT_THROW(causal_softmax_attention_biased(q, q, v, bias.narrow(0, 0, 2), 0, false), c10::Error);
+  EXPECT_THROW(causal_softmax_attention_biased(torch::randn({2, 1, 4, 2}), torch::randn({2, 1, 4, 2}), v, bias, 0, false),
                c10::Error);
 }
 
