@@ -3,7 +3,8 @@
 # that a VM's drift between hours falls on every side alike: how the LinRec / SASRec time ratios
 # of docs/benchmarks.md were taken. Each run trains STEPS steps from scratch and reports the
 # trainer's extrapolated seconds per epoch and its peak RSS; the summary gives each side's mean
-# and each model's ratio to the first model, per binary.
+# and each model's ratio to the first model, per binary, and with several binaries each one's
+# ratio to the first binary, per model.
 #   bench/train_time_rounds.sh [ROUNDS] [STEPS] -- TRAIN FLAGS...
 # e.g. (LinRec's paper setting in its released code's scheme, the time bar's own):
 #   bench/train_time_rounds.sh 3 80 -- --flagfile configs/ml-1m/linrec.flags --objective last --train_prefixes
@@ -92,3 +93,27 @@ awk -v first="$first" '
              m[key], (t[key] / n[key]) / (t[base] / n[base]), m[key] / m[base], lo, hi
     }
   }' "$results"
+# With two or more binaries: each one's time against the first binary's on the same model, the
+# figure a change is timed by (per round too: both ran in the same round, minutes apart).
+first_bin=${bins%% *}
+first_bin=${first_bin%%=*}
+if [ "$(wc -w <<< "$bins")" -gt 1 ]; then
+  echo "== each binary against $first_bin on the same model (mean time ratio; each round's, lowest to highest)"
+  awk -v fb="$first_bin" '
+    { key = $1 " " $2; if (!(key in n)) name[++k] = key; n[key]++; t[key] += $3; sec[key, $5] = $3; rounds[$5] = 1 }
+    END {
+      for (i = 1; i <= k; i++) {
+        key = name[i]; split(key, p, " "); base = p[1] " " fb
+        if (p[2] == fb) continue
+        lo = ""; hi = ""
+        for (r in rounds)
+          if ((key, r) in sec && (base, r) in sec) {
+            x = sec[key, r] / sec[base, r]
+            if (lo == "" || x < lo) lo = x
+            if (hi == "" || x > hi) hi = x
+          }
+        printf "%-10s %-8s %.3fx time of %s  rounds %.3f-%.3fx\n", p[1], p[2], (t[key] / n[key]) / (t[base] / n[base]),
+               fb, lo, hi
+      }
+    }' "$results"
+fi
