@@ -76,44 +76,37 @@ echo "== means (s per extrapolated epoch, peak RSS), ratio to the first model un
 echo "   (then each round's time ratio, lowest to highest: this VM drifts between rounds)"
 first=${models%% *}
 first=${first%%=*}
-awk -v first="$first" '
+first_bin=${bins%% *}
+first_bin=${first_bin%%=*}
+# With two or more binaries, also each one's time against the first binary's on the same model,
+# the figure a change is timed by (per round too: both ran in the same round, minutes apart).
+awk -v first="$first" -v fb="$first_bin" -v nbins="$(wc -w <<< "$bins")" '
   { key = $1 " " $2; if (!(key in n)) name[++k] = key; n[key]++; t[key] += $3; if ($4 > m[key]) m[key] = $4
     sec[key, $5] = $3; rounds[$5] = 1 }
+  # The lowest and highest of the rounds time ratios of key to base, into lo and hi.
+  function round_range(key, base,   r, x) {
+    lo = ""; hi = ""
+    for (r in rounds)
+      if ((key, r) in sec && (base, r) in sec) {
+        x = sec[key, r] / sec[base, r]
+        if (lo == "" || x < lo) lo = x
+        if (hi == "" || x > hi) hi = x
+      }
+  }
+  function mean(key) { return t[key] / n[key] }
   END {
     for (i = 1; i <= k; i++) {
       key = name[i]; split(key, p, " "); base = first " " p[2]
-      lo = ""; hi = ""
-      for (r in rounds)
-        if ((key, r) in sec && (base, r) in sec) {
-          x = sec[key, r] / sec[base, r]
-          if (lo == "" || x < lo) lo = x
-          if (hi == "" || x > hi) hi = x
-        }
-      printf "%-10s %-8s %9.1f s  %6d MiB  %.3fx time  %.2fx memory  rounds %.3f-%.3fx\n", p[1], p[2], t[key] / n[key],
-             m[key], (t[key] / n[key]) / (t[base] / n[base]), m[key] / m[base], lo, hi
+      round_range(key, base)
+      printf "%-10s %-8s %9.1f s  %6d MiB  %.3fx time  %.2fx memory  rounds %.3f-%.3fx\n", p[1], p[2], mean(key),
+             m[key], mean(key) / mean(base), m[key] / m[base], lo, hi
+    }
+    if (nbins < 2) exit
+    print "== each binary against " fb " on the same model (mean time ratio; each round\047s, lowest to highest)"
+    for (i = 1; i <= k; i++) {
+      key = name[i]; split(key, p, " "); base = p[1] " " fb
+      if (p[2] == fb) continue
+      round_range(key, base)
+      printf "%-10s %-8s %.3fx time of %s  rounds %.3f-%.3fx\n", p[1], p[2], mean(key) / mean(base), fb, lo, hi
     }
   }' "$results"
-# With two or more binaries: each one's time against the first binary's on the same model, the
-# figure a change is timed by (per round too: both ran in the same round, minutes apart).
-first_bin=${bins%% *}
-first_bin=${first_bin%%=*}
-if [ "$(wc -w <<< "$bins")" -gt 1 ]; then
-  echo "== each binary against $first_bin on the same model (mean time ratio; each round's, lowest to highest)"
-  awk -v fb="$first_bin" '
-    { key = $1 " " $2; if (!(key in n)) name[++k] = key; n[key]++; t[key] += $3; sec[key, $5] = $3; rounds[$5] = 1 }
-    END {
-      for (i = 1; i <= k; i++) {
-        key = name[i]; split(key, p, " "); base = p[1] " " fb
-        if (p[2] == fb) continue
-        lo = ""; hi = ""
-        for (r in rounds)
-          if ((key, r) in sec && (base, r) in sec) {
-            x = sec[key, r] / sec[base, r]
-            if (lo == "" || x < lo) lo = x
-            if (hi == "" || x > hi) hi = x
-          }
-        printf "%-10s %-8s %.3fx time of %s  rounds %.3f-%.3fx\n", p[1], p[2], (t[key] / n[key]) / (t[base] / n[base]),
-               fb, lo, hi
-      }
-    }' "$results"
-fi
