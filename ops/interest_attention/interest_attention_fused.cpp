@@ -1,22 +1,25 @@
-// causal_interest_attention (interest_attention.h) on both devices: the slot-by-slot scan of
-// interest_attention_kernel.h, one row per (sequence, head), behind one autograd function. On a
-// CUDA device interest_attention.cu's kernels run the rows, a warp each; on the CPU the same row
-// functions run on a one-lane warp (SerialWarp), rows spread over the threads, their loops
-// vectorised (this file is compiled with -fopenmp-simd and SEQREC_KERNEL_SIMD_LOOPS,
-// ops/CMakeLists.txt).
+// causal_interest_attention (interest_attention.h): the slot-by-slot scan of
+// interest_attention_kernel.h behind an autograd function. On a CUDA device interest_attention.cu's
+// kernels walk one row per (sequence, head), a warp each. On the CPU the same arithmetic walks
+// rows in groups of one vector's width, the row innermost in every array (interest_groups_cpu.h),
+// so that each of the walk's steps is one vector operation over the group's rows; groups spread
+// over the threads.
 //
 // Until 2026-11-28 the CPU ran its own kernel, a checkpointed scan over chunks of slots in GEMMs
-// and ATen ops with autograd recomputation; the row scan drew level with it per op and trains
-// LightSANs 6-20% faster per epoch (docs/benchmarks.md), so both devices now share one arithmetic.
+// and ATen ops with autograd recomputation; the row walk drew level with it per op and trained
+// LightSANs 6-20% faster per epoch. Until 2026-12-04 the CPU ran the CUDA kernel's row functions
+// on a one-lane warp, whose loops over one head's dims are too short to fill a vector; the groups'
+// layout replaced it (docs/benchmarks.md, "LightSANs' interest scan in groups of rows").
 #include "ops/interest_attention/interest_attention.h"
 
 #include "ops/dropout/dropout.h"
 #include "ops/kernels.h"
 #include "ops/op_checks.h"
-#include "ops/interest_attention/interest_attention_kernel.h"
+#include "ops/interest_attention/interest_groups_cpu.h"
 #include "seqrec_config.h"
 #if SEQREC_HAVE_CUDA
 #include "ops/cuda_launch.h"
+#include "ops/interest_attention/interest_attention_kernel.h"
 #include "ops/interest_attention/interest_attention_cuda.h"
 #endif
 
@@ -39,17 +42,16 @@ at::Tensor make_mask(const at::Tensor& q, int64_t K, double p, uint64_t seed) {
   return dropout_mask(at::empty({q.size(0), q.size(1), q.size(2), K}, q.options()), p, seed);
 }
 
-// The slot-by-slot scan of interest_attention_kernel.h, one row per (sequence, head): on a CUDA
-// device interest_attention.cu's kernels (a warp per row), on the CPU the same row functions with
-// a one-lane warp, rows spread over the threads. What the forward keeps for the backward: every
-// slot's running maxima, normalisers and scores, and the state entering each chunk of C slots.
-// C only trades the checkpoints (L / C states) against the backward's scratch (C slots'
-// aggregates), so it is about sqrt(L) unless the caller names one.
+// What the forward keeps for the backward, on either device: every slot's running maxima,
+// normalisers and scores, and the state entering each chunk of C slots. C only trades the
+// checkpoints (L / C states) against the backward's scratch (C slots' aggregates), so it is
+// about sqrt(L) unless the caller names one.
 int64_t scan_chunk(int64_t chunk, int64_t L) {
   const int64_t C = chunk > 0 ? chunk : std::llround(std::sqrt(static_cast<double>(L)));
   return std::clamp<int64_t>(C, 1, std::max<int64_t>(L, 1));
 }
 
+#if SEQREC_HAVE_CUDA
 // The tensors of one call: q [B, H, L, Dh], k and v [B, L, D], a [B, L, 2k], pad [B, L] and
 // mask [B, H, L, k] (or undefined), contiguous, on one device; m, z [B·H, L, 2k] and
 // s [B·H, L, k] filled by the forward; ckpt [B·H, ceil(L / C), 2k, Dh] or undefined.
@@ -81,28 +83,14 @@ struct ScanCall {
   }
 };
 
-// Runs the forward (backward = false) or backward rows of `a` where `like` lives.
+// Runs the forward (backward = false) or backward rows of `a` on `like`'s CUDA device.
 template <typename T>
 void run_rows(const cuda::interest_kernel::Args<T>& a, bool backward, const at::Tensor& like) {
-#if SEQREC_HAVE_CUDA
-  if (like.is_cuda()) {
-    const CudaLaunch launch(like);
-    if (backward)
-      cuda::interest_attention_backward_launch<T>(a, launch.stream());
-    else
-      cuda::interest_attention_forward_launch<T>(a, launch.stream());
-    return;
-  }
-#endif
-  at::parallel_for(0, a.B * a.H, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      cuda::SerialWarp<cuda::interest_kernel::NoState> warp;
-      if (backward)
-        cuda::interest_kernel::backward_row<T>(warp, a, row);
-      else
-        cuda::interest_kernel::forward_row<T>(warp, a, row);
-    }
-  });
+  const CudaLaunch launch(like);
+  if (backward)
+    cuda::interest_attention_backward_launch<T>(a, launch.stream());
+  else
+    cuda::interest_attention_forward_launch<T>(a, launch.stream());
 }
 
 // The forward: the output, with call.m, call.z, call.s (and call.ckpt when defined) filled.
@@ -192,18 +180,201 @@ struct CausalInterestScan : public torch::autograd::Function<CausalInterestScan>
   }
 };
 
-// The op through the scan (float, double), with the dropout mask drawn as the reference draws
-// it (make_mask), so that one generator state drops the same probabilities either way.
+#endif  // SEQREC_HAVE_CUDA
+
+// ---- the CPU: rows in groups (interest_groups_cpu.h) ----
+
+namespace groups = interest_groups;
+
+// [N, rest...] -> [G, rest..., R]: rows in groups of R, the row innermost; rows past N (the
+// last group's remainder) filled with `fill`.
+at::Tensor to_groups(const at::Tensor& rows, int64_t G, int64_t R, double fill) {
+  const int64_t N = rows.size(0);
+  at::Tensor all = rows;
+  if (G * R > N) {
+    auto extra = rows.sizes().vec();
+    extra[0] = G * R - N;
+    all = at::cat({rows, at::full(extra, fill, rows.options())}, 0);
+  }
+  auto sizes = all.sizes().vec();
+  sizes[0] = R;
+  sizes.insert(sizes.begin(), G);  // [G, R, rest...]
+  std::vector<int64_t> perm{0};
+  for (int64_t d = 2; d < static_cast<int64_t>(sizes.size()); ++d) perm.push_back(d);
+  perm.push_back(1);
+  return all.reshape(sizes).permute(perm).contiguous();
+}
+
+// [G, rest..., R] -> [N, rest...], the inverse of to_groups (the remainder's rows dropped).
+at::Tensor from_groups(const at::Tensor& grouped, int64_t N) {
+  const int64_t n = grouped.dim();
+  std::vector<int64_t> perm{0, n - 1};
+  for (int64_t d = 1; d < n - 1; ++d) perm.push_back(d);
+  auto rows = grouped.permute(perm);  // [G, R, rest...]
+  auto sizes = rows.sizes().vec();
+  sizes[1] *= sizes[0];
+  sizes.erase(sizes.begin());
+  return rows.reshape(sizes).narrow(0, 0, N);
+}
+
+// k or v [B, L, H·Dh] -> [B·H, L, Dh], row b·H + h the head's dims; and back.
+at::Tensor head_rows(const at::Tensor& x, int64_t H) {
+  const int64_t B = x.size(0), L = x.size(1), Dh = x.size(2) / H;
+  return x.reshape({B, L, H, Dh}).permute({0, 2, 1, 3}).reshape({B * H, L, Dh});
+}
+at::Tensor from_head_rows(const at::Tensor& rows, int64_t B, int64_t H) {
+  const int64_t L = rows.size(1), Dh = rows.size(2);
+  return rows.reshape({B, H, L, Dh}).permute({0, 2, 1, 3}).reshape({B, L, H * Dh});
+}
+
+// The tensors of one call in the group layout (groups::Args): q, k, v [G, L, Dh, R], the logits
+// a [G, L, 2k, R] (each head's row a copy of its sequence's), real [G, L, R] (1 at a real slot),
+// mask [G, L, k, R] or undefined; m, z [G, L, 2k, R] and s [G, L, k, R] filled by the forward;
+// ckpt [G, ceil(L / C), 2k, Dh, R] or undefined.
+struct GroupCall {
+  at::Tensor q, k, v, a, real, mask, m, z, s, ckpt;
+  int64_t B, H, K, C;
+
+  template <typename T>
+  groups::Args<T> args() const {
+    groups::Args<T> r{};
+    r.q = q.data_ptr<T>();
+    r.k = k.data_ptr<T>();
+    r.v = v.data_ptr<T>();
+    r.a = a.data_ptr<T>();
+    r.real = real.data_ptr<T>();
+    r.mask = mask.defined() ? mask.data_ptr<T>() : nullptr;
+    r.m = m.data_ptr<T>();
+    r.z = z.data_ptr<T>();
+    r.s = s.data_ptr<T>();
+    r.ckpt = ckpt.defined() ? ckpt.data_ptr<T>() : nullptr;
+    r.G = q.size(0);
+    r.L = q.size(1);
+    r.Dh = q.size(2);
+    r.K = K;
+    r.C = C;
+    r.R = q.size(3);
+    r.scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(q.size(2))));
+    return r;
+  }
+};
+
+GroupCall group_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& logits_k,
+                     const at::Tensor& logits_v, const at::Tensor& pad, const at::Tensor& mask, int64_t chunk,
+                     bool keep_checkpoints) {
+  GroupCall c;
+  c.B = q.size(0);
+  c.H = q.size(1);
+  c.K = logits_k.size(2);
+  const int64_t B = c.B, H = c.H, L = q.size(2), Dh = q.size(3), K = c.K, BH = B * H;
+  // Rows per group: one vector of the CPU level the group functions run at.
+  const int64_t R =
+      q.scalar_type() == at::kFloat ? groups::rows_per_group<float>(BH) : groups::rows_per_group<double>(BH);
+  const int64_t G = (BH + R - 1) / R;
+  c.C = scan_chunk(chunk, L);
+  c.q = to_groups(q.reshape({BH, L, Dh}), G, R, 0);
+  c.k = to_groups(head_rows(k, H), G, R, 0);
+  c.v = to_groups(head_rows(v, H), G, R, 0);
+  c.a = to_groups(torch::cat({logits_k, logits_v}, 2).unsqueeze(1).expand({B, H, L, 2 * K}).reshape({BH, L, 2 * K}),
+                  G, R, 0);
+  c.real = to_groups(pad.logical_not().to(q.scalar_type()).unsqueeze(1).expand({B, H, L}).reshape({BH, L}), G, R, 0);
+  if (mask.defined()) c.mask = to_groups(mask.reshape({BH, L, K}), G, R, 1);
+  const auto o = q.options();
+  c.m = at::empty({G, L, 2 * K, R}, o);
+  c.z = at::empty({G, L, 2 * K, R}, o);
+  c.s = at::empty({G, L, K, R}, o);
+  if (keep_checkpoints) c.ckpt = at::empty({G, (L + c.C - 1) / c.C, 2 * K, Dh, R}, o);
+  return c;
+}
+
+// The forward: the output [B, H, L, Dh], with call.m, call.z, call.s (and call.ckpt when
+// defined) filled.
+at::Tensor run_groups_forward(const GroupCall& call) {
+  const int64_t G = call.q.size(0), L = call.q.size(1), Dh = call.q.size(2);
+  auto out = at::empty({G, L, Dh, call.q.size(3)}, call.q.options());
+  AT_DISPATCH_FLOATING_TYPES(call.q.scalar_type(), "causal_interest_groups", [&] {
+    auto a = call.args<scalar_t>();
+    a.out = out.data_ptr<scalar_t>();
+    at::parallel_for(0, G, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t g = begin; g < end; ++g) groups::forward_group<scalar_t>(a, g);
+    });
+  });
+  return from_groups(out, call.B * call.H).reshape({call.B, call.H, L, Dh});
+}
+
+struct CausalInterestScanCpu : public torch::autograd::Function<CausalInterestScanCpu> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& logits_k, const at::Tensor& logits_v, const at::Tensor& pad,
+                               double dropout, bool use_mask, int64_t chunk) {
+    at::Tensor mask;  // drawn here: an undefined tensor cannot be an input of an autograd Function
+    if (use_mask) mask = make_mask(q, logits_k.size(2), dropout, random_seed());
+    auto call = group_call(q, k, v, logits_k, logits_v, pad, mask, chunk, /*keep_checkpoints=*/true);
+    auto out = run_groups_forward(call);
+    ctx->save_for_backward({call.q, call.k, call.v, call.a, call.real, call.mask, call.m, call.z, call.s, call.ckpt});
+    ctx->saved_data["B"] = call.B;
+    ctx->saved_data["H"] = call.H;
+    ctx->saved_data["K"] = call.K;
+    ctx->saved_data["C"] = call.C;
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    // Grad mode is on here only under create_graph: the kernels build no graph.
+    TORCH_CHECK(!at::GradMode::is_enabled(), "causal_interest_attention does not support double backward");
+    auto saved = ctx->get_saved_variables();
+    GroupCall call{saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6], saved[7], saved[8], saved[9],
+                   ctx->saved_data["B"].toInt(), ctx->saved_data["H"].toInt(), ctx->saved_data["K"].toInt(),
+                   ctx->saved_data["C"].toInt()};
+    const int64_t B = call.B, H = call.H, K = call.K, BH = B * H;
+    const int64_t G = call.q.size(0), L = call.q.size(1), Dh = call.q.size(2), R = call.q.size(3);
+    const auto grad = to_groups(grad_out[0].reshape({BH, L, Dh}), G, R, 0);
+    const auto o = call.q.options();
+    auto gq = at::empty({G, L, Dh, R}, o), gk = at::empty({G, L, Dh, R}, o), gv = at::empty({G, L, Dh, R}, o);
+    auto ga = at::empty({G, L, 2 * K, R}, o);
+    AT_DISPATCH_FLOATING_TYPES(call.q.scalar_type(), "causal_interest_groups_backward", [&] {
+      auto a = call.args<scalar_t>();
+      a.grad = grad.data_ptr<scalar_t>();
+      a.gq = gq.data_ptr<scalar_t>();
+      a.gk = gk.data_ptr<scalar_t>();
+      a.gv = gv.data_ptr<scalar_t>();
+      a.ga = ga.data_ptr<scalar_t>();
+      at::parallel_for(0, G, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t g = begin; g < end; ++g) groups::backward_group<scalar_t>(a, g);
+      });
+    });
+    // Each row wrote its head's share of the logits' gradient.
+    auto ga_sum = from_groups(ga, BH).reshape({B, H, L, 2 * K}).sum(1);
+    at::Tensor gak, gav;
+    if (ctx->needs_input_grad(3)) gak = ga_sum.narrow(2, 0, K);
+    if (ctx->needs_input_grad(4)) gav = ga_sum.narrow(2, K, K);
+    return {from_groups(gq, BH).reshape({B, H, L, Dh}), from_head_rows(from_groups(gk, BH), B, H),
+            from_head_rows(from_groups(gv, BH), B, H), gak, gav, at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+// The op through the scan (float, double) on its device, with the dropout mask drawn as the
+// reference draws it (make_mask), so that one generator state drops the same probabilities
+// either way.
 at::Tensor scan_causal_interest_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                           const at::Tensor& logits_k, const at::Tensor& logits_v, const at::Tensor& pad,
                                           double dropout, bool use_mask, bool needs_grad, int64_t chunk) {
+  const bool cpu = q.device().is_cpu();
   if (!needs_grad) {
     torch::NoGradGuard no_grad;
     at::Tensor mask;
     if (use_mask) mask = make_mask(q, logits_k.size(2), dropout, random_seed());
+    if (cpu)
+      return run_groups_forward(group_call(q, k, v, logits_k, logits_v, pad, mask, chunk, /*keep_checkpoints=*/false));
+#if SEQREC_HAVE_CUDA
     return run_scan_forward(scan_call(q, k, v, logits_k, logits_v, pad, mask, chunk, /*keep_checkpoints=*/false));
+#endif
   }
+  if (cpu) return CausalInterestScanCpu::apply(q, k, v, logits_k, logits_v, pad, dropout, use_mask, chunk)[0];
+#if SEQREC_HAVE_CUDA
   return CausalInterestScan::apply(q, k, v, logits_k, logits_v, pad, dropout, use_mask, chunk)[0];
+#endif
+  TORCH_CHECK(false, "causal_interest_attention's scan: no kernel for device ", q.device());
 }
 
 // The arguments of causal_interest_attention, checked at the boundary.

@@ -306,7 +306,10 @@ std::vector<ScanCase> scan_cases() {
   return {{1, 1, 1, 3, 1, {1}, true, 1, 4},           {2, 2, 7, 1, 3, {7, 2}, true, 1, 4},
           {3, 1, 37, 33, 5, {37, 20, 0}, true, 3, 16}, {2, 2, 29, 3, 4, {29, 11}, false, 2, 1},
           {2, 1, 40, 40, 2, {40, 9}, false, 400, 40},  {2, 3, 21, 4, 6, {0, 21}, true, 200, 4},
-          {2, 2, 50, 32, 20, {50, 13}, true, 2, 7}};
+          {2, 2, 50, 32, 20, {50, 13}, true, 2, 7},
+          // More rows than the CPU's group of eight: two groups, the last part-filled.
+          {5, 2, 23, 5, 3, {23, 1, 0, 17, 9}, true, 3, 4},
+          {9, 1, 12, 2, 2, {12, 12, 3, 7, 0, 1, 12, 5, 8}, false, 2, 5}};
 }
 
 std::string describe(const ScanCase& c, torch::Dtype dtype, double p) {
@@ -392,7 +395,7 @@ std::vector<at::Tensor> emulated_interest(const Inputs& in, const at::Tensor& ma
 
 // Against the reference composition, in double and float, over scan_cases(), with and without
 // dropout (the mask the reference draws from the same generator state). The 32-lane emulation
-// checks the kernel's lanes, which the CPU's one-lane rows (the other tests) leave unexercised;
+// checks the CUDA kernel's row functions, which the CPU (the other tests) no longer runs;
 // what it cannot show (the device's shuffles, syncs, launch errors) is
 // CudaKernelMatchesCpuKernel's, on a GPU.
 TEST(CausalInterestAttention, CudaKernelLogicMatchesReference) {
@@ -417,9 +420,8 @@ TEST(CausalInterestAttention, CudaKernelLogicMatchesReference) {
       }
 }
 
-// The op on the CPU (the kernel's row functions on one lane, behind the autograd function,
-// buffers and mask draw a GPU shares) against the reference composition over the kernel's
-// shapes: values, the five gradients, dropout under one generator state with as many generator
+// The op on the CPU (rows in groups of eight, interest_groups_cpu.h, behind the mask draw a GPU
+// shares) against the reference composition over the kernel's shapes: values, the five gradients, dropout under one generator state with as many generator
 // draws as the reference makes, and the no-grad path (no checkpoints kept).
 TEST(CausalInterestAttention, ScanMatchesReferenceOnKernelShapes) {
   torch::manual_seed(30);
@@ -448,8 +450,33 @@ TEST(CausalInterestAttention, ScanMatchesReferenceOnKernelShapes) {
       }
 }
 
-// The CUDA kernels (what causal_interest_attention runs on a CUDA device) against the CPU's rows
-// on the same inputs: values and every gradient, float and double, the emulation's
+// The CPU walks rows in groups of eight, each row in its own lane: a sequence's output and
+// gradients are bit-identical whether it runs alone or in a batch, at any place in its group.
+TEST(CausalInterestAttention, CpuRowsIndependentOfTheirGroup) {
+  torch::manual_seed(31);
+  const int64_t B = 11, H = 2, L = 19, Dh = 6, K = 3;
+  auto in = make_inputs(B, H, L, Dh, K, {19, 4, 0, 19, 11, 1, 19, 7, 13, 19, 2}, 3, torch::kFloat32, true);
+  auto g = torch::randn({B, H, L, Dh});
+  auto out = op(in, 5);
+  auto grads = torch::autograd::grad({out}, in.all(), {g});
+  for (int64_t b : {int64_t{0}, int64_t{3}, int64_t{4}, int64_t{10}}) {
+    Inputs one;
+    one.q = in.q.narrow(0, b, 1).detach().requires_grad_();
+    one.k = in.k.narrow(0, b, 1).detach().requires_grad_();
+    one.v = in.v.narrow(0, b, 1).detach().requires_grad_();
+    one.ak = in.ak.narrow(0, b, 1).detach().requires_grad_();
+    one.av = in.av.narrow(0, b, 1).detach().requires_grad_();
+    one.pad = in.pad.narrow(0, b, 1);
+    auto alone = op(one, 5);
+    EXPECT_TRUE(torch::equal(alone.detach(), out.narrow(0, b, 1).detach())) << "sequence " << b;
+    auto alone_grads = torch::autograd::grad({alone}, one.all(), {g.narrow(0, b, 1)});
+    for (size_t i = 0; i < alone_grads.size(); ++i)
+      EXPECT_TRUE(torch::equal(alone_grads[i], grads[i].narrow(0, b, 1))) << "sequence " << b << " gradient " << i;
+  }
+}
+
+// The CUDA kernels (what causal_interest_attention runs on a CUDA device) against the CPU's
+// groups on the same inputs: values and every gradient, float and double, the emulation's
 // shapes plus LightSANs' ML-1M shape (B 64, L 200, d 64 in 2 heads, k 20) and a long row
 // (L 1,000), and dropout under one generator state (the same mask on both devices). The no-grad
 // path (no checkpoints kept) gives the same output. GPU machines only.
