@@ -28,7 +28,9 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <vector>
 
 namespace seqrec::ops {
 namespace {
@@ -58,6 +60,13 @@ int64_t scan_chunk(int64_t chunk, int64_t L) {
 struct ScanCall {
   at::Tensor q, k, v, a, pad, mask, m, z, s, ckpt;
   int64_t K, C;
+
+  // What the backward needs, saved by the autograd function and restored from it.
+  std::vector<at::Tensor> tensors() const { return {q, k, v, a, pad, mask, m, z, s, ckpt}; }
+  std::vector<int64_t> sizes() const { return {K, C}; }
+  static ScanCall restore(const std::vector<at::Tensor>& t, const std::vector<int64_t>& n) {
+    return {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], n[0], n[1]};
+  }
 
   template <typename T>
   cuda::interest_kernel::Args<T> args() const {
@@ -129,55 +138,44 @@ ScanCall scan_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   return c;
 }
 
-struct CausalInterestScan : public torch::autograd::Function<CausalInterestScan> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               const at::Tensor& logits_k, const at::Tensor& logits_v, const at::Tensor& pad,
-                               double dropout, bool use_mask, int64_t chunk) {
-    at::Tensor mask;  // drawn here: an undefined tensor cannot be an input of an autograd Function
-    if (use_mask) mask = make_mask(q, logits_k.size(2), dropout, random_seed());
-    auto call = scan_call(q, k, v, logits_k, logits_v, pad, mask, chunk, /*keep_checkpoints=*/true);
-    auto out = run_scan_forward(call);
-    ctx->save_for_backward({call.q, call.k, call.v, call.a, call.pad, call.mask, call.m, call.z, call.s, call.ckpt});
-    ctx->saved_data["K"] = call.K;
-    ctx->saved_data["C"] = call.C;
-    return {out};
-  }
+// The backward: gq, gk, gv and the logits' gradient summed over the heads [B, L, 2k].
+std::array<at::Tensor, 4> run_scan_backward(const ScanCall& call, const at::Tensor& grad_out) {
+  const int64_t B = call.q.size(0), H = call.q.size(1), L = call.q.size(2), Dh = call.q.size(3), K = call.K;
+  const auto grad = grad_out.contiguous();
+  auto gq = at::empty_like(call.q), gk = at::empty_like(call.k), gv = at::empty_like(call.v);
+  auto ga = at::empty({B * H, L, 2 * K}, call.q.options());
+  auto o = call.q.options();
+  auto state = at::empty({B * H, 2 * K, Dh}, o), agg = at::empty({B * H, call.C, 2 * K, Dh}, o);
+  auto carry = at::empty({B * H, 2 * K, Dh}, o), carry_c = at::empty({B * H, 2, 2 * K}, o);
+  auto slot = at::empty({B * H, 7 * K}, o);
+  AT_DISPATCH_FLOATING_TYPES(call.q.scalar_type(), "causal_interest_scan_backward", [&] {
+    auto a = call.args<scalar_t>();
+    a.state = state.data_ptr<scalar_t>();
+    a.grad = grad.data_ptr<scalar_t>();
+    a.gq = gq.data_ptr<scalar_t>();
+    a.gk = gk.data_ptr<scalar_t>();
+    a.gv = gv.data_ptr<scalar_t>();
+    a.ga = ga.data_ptr<scalar_t>();
+    a.agg = agg.data_ptr<scalar_t>();
+    a.carry = carry.data_ptr<scalar_t>();
+    a.carry_c = carry_c.data_ptr<scalar_t>();
+    a.slot = slot.data_ptr<scalar_t>();
+    run_rows<scalar_t>(a, /*backward=*/true, call.q);
+  });
+  // Each warp wrote its head's share of the logits' gradient.
+  return {gq, gk, gv, ga.view({B, H, L, 2 * K}).sum(1)};
+}
 
-  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
-    // Grad mode is on here only under create_graph: the kernels build no graph.
-    TORCH_CHECK(!at::GradMode::is_enabled(), "causal_interest_attention does not support double backward");
-    auto saved = ctx->get_saved_variables();
-    ScanCall call{saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6], saved[7], saved[8], saved[9],
-                  ctx->saved_data["K"].toInt(), ctx->saved_data["C"].toInt()};
-    const int64_t B = call.q.size(0), H = call.q.size(1), L = call.q.size(2), Dh = call.q.size(3), K = call.K;
-    const auto grad = grad_out[0].contiguous();
-    auto gq = at::empty_like(call.q), gk = at::empty_like(call.k), gv = at::empty_like(call.v);
-    auto ga = at::empty({B * H, L, 2 * K}, call.q.options());
-    auto o = call.q.options();
-    auto state = at::empty({B * H, 2 * K, Dh}, o), agg = at::empty({B * H, call.C, 2 * K, Dh}, o);
-    auto carry = at::empty({B * H, 2 * K, Dh}, o), carry_c = at::empty({B * H, 2, 2 * K}, o);
-    auto slot = at::empty({B * H, 7 * K}, o);
-    AT_DISPATCH_FLOATING_TYPES(call.q.scalar_type(), "causal_interest_scan_backward", [&] {
-      auto a = call.args<scalar_t>();
-      a.state = state.data_ptr<scalar_t>();
-      a.grad = grad.data_ptr<scalar_t>();
-      a.gq = gq.data_ptr<scalar_t>();
-      a.gk = gk.data_ptr<scalar_t>();
-      a.gv = gv.data_ptr<scalar_t>();
-      a.ga = ga.data_ptr<scalar_t>();
-      a.agg = agg.data_ptr<scalar_t>();
-      a.carry = carry.data_ptr<scalar_t>();
-      a.carry_c = carry_c.data_ptr<scalar_t>();
-      a.slot = slot.data_ptr<scalar_t>();
-      run_rows<scalar_t>(a, /*backward=*/true, call.q);
-    });
-    // Each warp wrote its head's share of the logits' gradient.
-    auto ga_sum = ga.view({B, H, L, 2 * K}).sum(1);
-    at::Tensor gak, gav;
-    if (ctx->needs_input_grad(3)) gak = ga_sum.narrow(2, 0, K);
-    if (ctx->needs_input_grad(4)) gav = ga_sum.narrow(2, K, K);
-    return {gq, gk, gv, gak, gav, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+// The CUDA device's scan, for CausalInterestScan.
+struct RowScan {
+  using Call = ScanCall;
+  static Call call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& logits_k,
+                   const at::Tensor& logits_v, const at::Tensor& pad, const at::Tensor& mask, int64_t chunk,
+                   bool keep_checkpoints) {
+    return scan_call(q, k, v, logits_k, logits_v, pad, mask, chunk, keep_checkpoints);
   }
+  static at::Tensor forward(const Call& c) { return run_scan_forward(c); }
+  static std::array<at::Tensor, 4> backward(const Call& c, const at::Tensor& grad) { return run_scan_backward(c, grad); }
 };
 
 #endif  // SEQREC_HAVE_CUDA
@@ -234,6 +232,13 @@ at::Tensor from_head_rows(const at::Tensor& rows, int64_t B, int64_t H) {
 struct GroupCall {
   at::Tensor q, k, v, a, real, mask, m, z, s, ckpt;
   int64_t B, H, K, C;
+
+  // What the backward needs, saved by the autograd function and restored from it.
+  std::vector<at::Tensor> tensors() const { return {q, k, v, a, real, mask, m, z, s, ckpt}; }
+  std::vector<int64_t> sizes() const { return {B, H, K, C}; }
+  static GroupCall restore(const std::vector<at::Tensor>& t, const std::vector<int64_t>& n) {
+    return {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], n[0], n[1], n[2], n[3]};
+  }
 
   template <typename T>
   groups::Args<T> args() const {
@@ -296,60 +301,77 @@ at::Tensor run_groups_forward(const GroupCall& call) {
     auto a = call.args<scalar_t>();
     a.out = out.data_ptr<scalar_t>();
     at::parallel_for(0, G, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t g = begin; g < end; ++g) groups::forward_group<scalar_t>(a, g);
+      for (int64_t g = begin; g < end; ++g) groups::run_group<scalar_t>(a, g, /*backward=*/false);
     });
   });
   return from_groups(out, call.B * call.H).reshape({call.B, call.H, L, Dh});
 }
 
-struct CausalInterestScanCpu : public torch::autograd::Function<CausalInterestScanCpu> {
+// The backward: gq, gk, gv and the logits' gradient summed over the heads [B, L, 2k].
+std::array<at::Tensor, 4> run_groups_backward(const GroupCall& call, const at::Tensor& grad_out) {
+  const int64_t B = call.B, H = call.H, K = call.K, BH = B * H;
+  const int64_t G = call.q.size(0), L = call.q.size(1), Dh = call.q.size(2), R = call.q.size(3);
+  const auto grad = to_groups(grad_out.reshape({BH, L, Dh}), G, R, 0);
+  const auto o = call.q.options();
+  auto gq = at::empty({G, L, Dh, R}, o), gk = at::empty({G, L, Dh, R}, o), gv = at::empty({G, L, Dh, R}, o);
+  auto ga = at::empty({G, L, 2 * K, R}, o);
+  AT_DISPATCH_FLOATING_TYPES(call.q.scalar_type(), "causal_interest_groups_backward", [&] {
+    auto a = call.args<scalar_t>();
+    a.grad = grad.data_ptr<scalar_t>();
+    a.gq = gq.data_ptr<scalar_t>();
+    a.gk = gk.data_ptr<scalar_t>();
+    a.gv = gv.data_ptr<scalar_t>();
+    a.ga = ga.data_ptr<scalar_t>();
+    at::parallel_for(0, G, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t g = begin; g < end; ++g) groups::run_group<scalar_t>(a, g, /*backward=*/true);
+    });
+  });
+  // Each row wrote its head's share of the logits' gradient.
+  return {from_groups(gq, BH).reshape({B, H, L, Dh}), from_head_rows(from_groups(gk, BH), B, H),
+          from_head_rows(from_groups(gv, BH), B, H), from_groups(ga, BH).reshape({B, H, L, 2 * K}).sum(1)};
+}
+
+// The CPU's scan, for CausalInterestScan.
+struct GroupScan {
+  using Call = GroupCall;
+  static Call call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& logits_k,
+                   const at::Tensor& logits_v, const at::Tensor& pad, const at::Tensor& mask, int64_t chunk,
+                   bool keep_checkpoints) {
+    return group_call(q, k, v, logits_k, logits_v, pad, mask, chunk, keep_checkpoints);
+  }
+  static at::Tensor forward(const Call& c) { return run_groups_forward(c); }
+  static std::array<at::Tensor, 4> backward(const Call& c, const at::Tensor& grad) {
+    return run_groups_backward(c, grad);
+  }
+};
+
+// The op's autograd function over one device's scan (RowScan on a CUDA device, GroupScan on the
+// CPU): the mask drawn, the forward run with its checkpoints kept, and what the backward needs
+// saved.
+template <class Scan>
+struct CausalInterestScan : public torch::autograd::Function<CausalInterestScan<Scan>> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& logits_k, const at::Tensor& logits_v, const at::Tensor& pad,
                                double dropout, bool use_mask, int64_t chunk) {
     at::Tensor mask;  // drawn here: an undefined tensor cannot be an input of an autograd Function
     if (use_mask) mask = make_mask(q, logits_k.size(2), dropout, random_seed());
-    auto call = group_call(q, k, v, logits_k, logits_v, pad, mask, chunk, /*keep_checkpoints=*/true);
-    auto out = run_groups_forward(call);
-    ctx->save_for_backward({call.q, call.k, call.v, call.a, call.real, call.mask, call.m, call.z, call.s, call.ckpt});
-    ctx->saved_data["B"] = call.B;
-    ctx->saved_data["H"] = call.H;
-    ctx->saved_data["K"] = call.K;
-    ctx->saved_data["C"] = call.C;
+    auto call = Scan::call(q, k, v, logits_k, logits_v, pad, mask, chunk, /*keep_checkpoints=*/true);
+    auto out = Scan::forward(call);
+    ctx->save_for_backward(call.tensors());
+    ctx->saved_data["sizes"] = call.sizes();
     return {out};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     // Grad mode is on here only under create_graph: the kernels build no graph.
     TORCH_CHECK(!at::GradMode::is_enabled(), "causal_interest_attention does not support double backward");
-    auto saved = ctx->get_saved_variables();
-    GroupCall call{saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6], saved[7], saved[8], saved[9],
-                   ctx->saved_data["B"].toInt(), ctx->saved_data["H"].toInt(), ctx->saved_data["K"].toInt(),
-                   ctx->saved_data["C"].toInt()};
-    const int64_t B = call.B, H = call.H, K = call.K, BH = B * H;
-    const int64_t G = call.q.size(0), L = call.q.size(1), Dh = call.q.size(2), R = call.q.size(3);
-    const auto grad = to_groups(grad_out[0].reshape({BH, L, Dh}), G, R, 0);
-    const auto o = call.q.options();
-    auto gq = at::empty({G, L, Dh, R}, o), gk = at::empty({G, L, Dh, R}, o), gv = at::empty({G, L, Dh, R}, o);
-    auto ga = at::empty({G, L, 2 * K, R}, o);
-    AT_DISPATCH_FLOATING_TYPES(call.q.scalar_type(), "causal_interest_groups_backward", [&] {
-      auto a = call.args<scalar_t>();
-      a.grad = grad.data_ptr<scalar_t>();
-      a.gq = gq.data_ptr<scalar_t>();
-      a.gk = gk.data_ptr<scalar_t>();
-      a.gv = gv.data_ptr<scalar_t>();
-      a.ga = ga.data_ptr<scalar_t>();
-      at::parallel_for(0, G, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t g = begin; g < end; ++g) groups::backward_group<scalar_t>(a, g);
-      });
-    });
-    // Each row wrote its head's share of the logits' gradient.
-    auto ga_sum = from_groups(ga, BH).reshape({B, H, L, 2 * K}).sum(1);
+    const auto call = Scan::Call::restore(ctx->get_saved_variables(), ctx->saved_data["sizes"].toIntVector());
+    auto [gq, gk, gv, ga] = Scan::backward(call, grad_out[0]);
+    const int64_t K = call.K;
     at::Tensor gak, gav;
-    if (ctx->needs_input_grad(3)) gak = ga_sum.narrow(2, 0, K);
-    if (ctx->needs_input_grad(4)) gav = ga_sum.narrow(2, K, K);
-    return {from_groups(gq, BH).reshape({B, H, L, Dh}), from_head_rows(from_groups(gk, BH), B, H),
-            from_head_rows(from_groups(gv, BH), B, H), gak, gav, at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+    if (ctx->needs_input_grad(3)) gak = ga.narrow(2, 0, K);
+    if (ctx->needs_input_grad(4)) gav = ga.narrow(2, K, K);
+    return {gq, gk, gv, gak, gav, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -359,22 +381,20 @@ struct CausalInterestScanCpu : public torch::autograd::Function<CausalInterestSc
 at::Tensor scan_causal_interest_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                           const at::Tensor& logits_k, const at::Tensor& logits_v, const at::Tensor& pad,
                                           double dropout, bool use_mask, bool needs_grad, int64_t chunk) {
-  const bool cpu = q.device().is_cpu();
-  if (!needs_grad) {
+  auto run = [&](auto scan) -> at::Tensor {
+    using Scan = decltype(scan);
+    if (needs_grad) return CausalInterestScan<Scan>::apply(q, k, v, logits_k, logits_v, pad, dropout, use_mask, chunk)[0];
     torch::NoGradGuard no_grad;
     at::Tensor mask;
     if (use_mask) mask = make_mask(q, logits_k.size(2), dropout, random_seed());
-    if (cpu)
-      return run_groups_forward(group_call(q, k, v, logits_k, logits_v, pad, mask, chunk, /*keep_checkpoints=*/false));
+    return Scan::forward(Scan::call(q, k, v, logits_k, logits_v, pad, mask, chunk, /*keep_checkpoints=*/false));
+  };
+  if (q.device().is_cpu()) return run(GroupScan{});
 #if SEQREC_HAVE_CUDA
-    return run_scan_forward(scan_call(q, k, v, logits_k, logits_v, pad, mask, chunk, /*keep_checkpoints=*/false));
-#endif
-  }
-  if (cpu) return CausalInterestScanCpu::apply(q, k, v, logits_k, logits_v, pad, dropout, use_mask, chunk)[0];
-#if SEQREC_HAVE_CUDA
-  return CausalInterestScan::apply(q, k, v, logits_k, logits_v, pad, dropout, use_mask, chunk)[0];
-#endif
+  return run(RowScan{});
+#else
   TORCH_CHECK(false, "causal_interest_attention's scan: no kernel for device ", q.device());
+#endif
 }
 
 // The arguments of causal_interest_attention, checked at the boundary.

@@ -31,6 +31,7 @@
 #include <type_traits>
 
 #include "ops/cpu_features.h"
+#include "ops/exp_nonpositive.h"
 
 namespace seqrec::ops::interest_groups {
 
@@ -83,21 +84,7 @@ struct Group {
   // operations; double: std::exp).
   SEQREC_GROUP_FN V exp_nonpositive(V x) {
     if constexpr (std::is_same_v<T, float>) {
-      x = x < -87.0f ? splat(-87.0f) : x;
-      constexpr float kShift = 12582912.0f;
-      const V n = (x * 1.44269504088896341f + kShift) - kShift;
-      const V r = x - n * 0.693359375f + n * 2.12194440e-4f;
-      V y = splat(1.9875691500e-4f);
-      y = y * r + 1.3981999507e-3f;
-      y = y * r + 8.3334519073e-3f;
-      y = y * r + 4.1665795894e-2f;
-      y = y * r + 1.6666665459e-1f;
-      y = y * r + 5.0000001201e-1f;
-      y = y * (r * r) + r + 1.0f;
-      const M bits = (__builtin_convertvector(n, M) + 127) << 23;
-      V scale;
-      std::memcpy(&scale, &bits, sizeof scale);
-      return y * scale;
+      return detail::exp_nonpositive_of(x);
     } else {
       for (int64_t r = 0; r < R; ++r) x[r] = std::exp(x[r]);
       return x;
@@ -338,61 +325,38 @@ int64_t rows_per_group(int64_t rows) {
   return rows <= narrow ? narrow : wide;
 }
 
-// The group functions compiled once per CPU level and width, the walk inlined into each. (The
-// vectors are passed between always-inline functions only, so GCC's note on the ABI of vectors
-// wider than the baseline's registers concerns no call; the file compiling this passes
-// -Wno-psabi.)
+// The group functions compiled once per CPU level and width, the walk inlined into each (the
+// forward with backward = false). The vectors are passed between always-inline functions only,
+// so GCC's note on the ABI of vectors wider than the baseline's registers concerns no call; the
+// file compiling this passes -Wno-psabi.
 template <typename T, int64_t R>
-void forward_group_base(const Args<T>& a, int64_t g) {
-  Group<T, R>::forward(a, g);
-}
-template <typename T, int64_t R>
-void backward_group_base(const Args<T>& a, int64_t g) {
-  Group<T, R>::backward(a, g);
+void run_group_base(const Args<T>& a, int64_t g, bool backward) {
+  backward ? Group<T, R>::backward(a, g) : Group<T, R>::forward(a, g);
 }
 #if SEQREC_CPU_X86
 template <typename T, int64_t R>
-SEQREC_CPU_AVX2 void forward_group_avx2(const Args<T>& a, int64_t g) {
-  Group<T, R>::forward(a, g);
+SEQREC_CPU_AVX2 void run_group_avx2(const Args<T>& a, int64_t g, bool backward) {
+  backward ? Group<T, R>::backward(a, g) : Group<T, R>::forward(a, g);
 }
 template <typename T, int64_t R>
-SEQREC_CPU_AVX2 void backward_group_avx2(const Args<T>& a, int64_t g) {
-  Group<T, R>::backward(a, g);
-}
-template <typename T, int64_t R>
-SEQREC_CPU_AVX512 void forward_group_avx512(const Args<T>& a, int64_t g) {
-  Group<T, R>::forward(a, g);
-}
-template <typename T, int64_t R>
-SEQREC_CPU_AVX512 void backward_group_avx512(const Args<T>& a, int64_t g) {
-  Group<T, R>::backward(a, g);
+SEQREC_CPU_AVX512 void run_group_avx512(const Args<T>& a, int64_t g, bool backward) {
+  backward ? Group<T, R>::backward(a, g) : Group<T, R>::forward(a, g);
 }
 #endif
 
-// Group g's forward or backward at the CPU's level; a.R is rows_per_group<T>(rows).
+// Group g's forward (backward = false) or backward at the CPU's level; a.R is
+// rows_per_group<T>(rows).
 template <typename T>
-void forward_group(const Args<T>& a, int64_t g) {
+void run_group(const Args<T>& a, int64_t g, bool backward) {
   constexpr int64_t narrow = 16 / sizeof(T);
 #if SEQREC_CPU_X86
   constexpr int64_t wide = 32 / sizeof(T);
   if (cpu_has_avx512())
-    return a.R == narrow ? forward_group_avx512<T, narrow>(a, g) : forward_group_avx512<T, wide>(a, g);
+    return a.R == narrow ? run_group_avx512<T, narrow>(a, g, backward) : run_group_avx512<T, wide>(a, g, backward);
   if (cpu_has_avx2_fma())
-    return a.R == narrow ? forward_group_avx2<T, narrow>(a, g) : forward_group_avx2<T, wide>(a, g);
+    return a.R == narrow ? run_group_avx2<T, narrow>(a, g, backward) : run_group_avx2<T, wide>(a, g, backward);
 #endif
-  forward_group_base<T, narrow>(a, g);
-}
-template <typename T>
-void backward_group(const Args<T>& a, int64_t g) {
-  constexpr int64_t narrow = 16 / sizeof(T);
-#if SEQREC_CPU_X86
-  constexpr int64_t wide = 32 / sizeof(T);
-  if (cpu_has_avx512())
-    return a.R == narrow ? backward_group_avx512<T, narrow>(a, g) : backward_group_avx512<T, wide>(a, g);
-  if (cpu_has_avx2_fma())
-    return a.R == narrow ? backward_group_avx2<T, narrow>(a, g) : backward_group_avx2<T, wide>(a, g);
-#endif
-  backward_group_base<T, narrow>(a, g);
+  run_group_base<T, narrow>(a, g, backward);
 }
 
 }  // namespace seqrec::ops::interest_groups
