@@ -37,8 +37,8 @@ at::Tensor interest_attention(const at::Tensor& q, const at::Tensor& keys, const
 // to rounding (and, given the same generator state, with the same dropout mask: one draw from
 // Torch's default generator per call). q [B, H, L, Dh]; k, v [B, L, H·Dh]; logits_k, logits_v
 // [B, L, k]; key_padding [B, L] bool. A scan slot by slot per (sequence, head) that never forms
-// the per-slot interests (interest_attention_kernel.h: a warp per row on a CUDA device, one lane
-// per row on the CPU): work O(k·Dh) per slot and head; memory O(L·k) per row for the running
+// the per-slot interests (interest_attention_kernel.h: a warp per row on a CUDA device;
+// interest_groups_cpu.h: a vector's width of rows at a time on the CPU): work O(k·Dh) per slot and head; memory O(L·k) per row for the running
 // maxima, normalisers and scores the backward reads, plus the running sums entering every
 // `chunk` slots (0 = about sqrt(L)) from which the backward recomputes one chunk at a time:
 // O((L/chunk + chunk)·k·Dh). CPU and CUDA float/double (elsewhere, or with --fused_kernels=false,

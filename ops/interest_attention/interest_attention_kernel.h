@@ -2,8 +2,8 @@
 // The body of LightSANs' causal interest attention on a CUDA device (interest_attention.cu),
 // written once for nvcc and the host compiler (ops/kernel_common.h): the device runs it with one
 // warp per (sequence, head), and emulate() runs the same functions on the CPU with an emulated
-// warp (CausalInterestAttention.CudaKernelLogicMatchesReference), and the CPU runs them with one
-// lane per row (interest_attention_fused.cpp). No Torch and no CUDA headers.
+// warp (CausalInterestAttention.CudaKernelLogicMatchesReference). The CPU runs the same
+// arithmetic over groups of rows (interest_groups_cpu.h). No Torch and no CUDA headers.
 //
 // The arithmetic is causal_interest_attention's (interest_attention.h), walked slot by slot
 // instead of in chunks. Per sequence b, head h (dims of that head only) and interest j of either
@@ -31,8 +31,8 @@
 // interest per lane, into the row's scratch (Slot); the scores, dp' and the carried c by lane 0
 // after a warp sum. The softmax's maximum and normaliser are warp reductions. Each lane owns the
 // dims d = lane, lane + 32, ... of the head in the state, the carries and the gradients of k, v
-// and q. On the CPU (SerialWarp: one lane) the same loops run whole, vectorised where the file
-// allows it (SEQREC_KERNEL_SIMD, ops/kernel_common.h), with exps by kexp_nonpositive.
+// and q. Where the host compiler runs these functions (the emulated warp) the loops are plain;
+// the exps are kexp_nonpositive's.
 #include <cstdint>
 
 #include "ops/kernel_common.h"
@@ -176,8 +176,8 @@ SEQREC_KERNEL_FN Softmax<T> softmax_of(Warp& warp, const T* s, int64_t K) {
 }
 
 // x · y over the dims of a head, as every lane holds it. Each lane sums its dims in four
-// interleaved partial sums (d, d + 4·kLanes, ... in the first), so that on the CPU's one lane the
-// compiler can keep them in one vector register instead of a chain of dependent adds.
+// interleaved partial sums (d, d + 4·kLanes, ... in the first); the CPU's groups sum each row's
+// dims in the same order (interest_groups_cpu.h).
 template <typename T, class Warp>
 SEQREC_KERNEL_FN T head_dot(Warp& warp, const T* x, const T* y, int64_t Dh) {
   return warp.sum([&](int lane, NoState&) {
