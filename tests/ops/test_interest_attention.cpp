@@ -307,7 +307,8 @@ std::vector<ScanCase> scan_cases() {
           {3, 1, 37, 33, 5, {37, 20, 0}, true, 3, 16}, {2, 2, 29, 3, 4, {29, 11}, false, 2, 1},
           {2, 1, 40, 40, 2, {40, 9}, false, 400, 40},  {2, 3, 21, 4, 6, {0, 21}, true, 200, 4},
           {2, 2, 50, 32, 20, {50, 13}, true, 2, 7},
-          // More rows than the CPU's group of eight: two groups, the last part-filled.
+          // More rows than one of the CPU's groups (8 float rows under AVX2, 4 at the baseline):
+          // several groups, the last part-filled.
           {5, 2, 23, 5, 3, {23, 1, 0, 17, 9}, true, 3, 4},
           {9, 1, 12, 2, 2, {12, 12, 3, 7, 0, 1, 12, 5, 8}, false, 2, 5}};
 }
@@ -420,9 +421,10 @@ TEST(CausalInterestAttention, CudaKernelLogicMatchesReference) {
       }
 }
 
-// The op on the CPU (rows in groups of eight, interest_groups_cpu.h, behind the mask draw a GPU
-// shares) against the reference composition over the kernel's shapes: values, the five gradients, dropout under one generator state with as many generator
-// draws as the reference makes, and the no-grad path (no checkpoints kept).
+// The op on the CPU (rows in groups, interest_groups_cpu.h, behind the mask draw a GPU shares)
+// against the reference composition over the kernel's shapes: values, the five gradients,
+// dropout under one generator state with as many generator draws as the reference makes, and the
+// no-grad path (no checkpoints kept).
 TEST(CausalInterestAttention, ScanMatchesReferenceOnKernelShapes) {
   torch::manual_seed(30);
   for (auto c : scan_cases())
@@ -450,8 +452,9 @@ TEST(CausalInterestAttention, ScanMatchesReferenceOnKernelShapes) {
       }
 }
 
-// The CPU walks rows in groups of eight, each row in its own lane: a sequence's output and
-// gradients are bit-identical whether it runs alone or in a batch, at any place in its group.
+// The CPU walks rows in groups, each row in its own lane: a sequence's output and gradients are
+// bit-identical whether it runs alone (a narrow group) or in a batch (wide groups), at any place
+// in its group.
 TEST(CausalInterestAttention, CpuRowsIndependentOfTheirGroup) {
   torch::manual_seed(31);
   const int64_t B = 11, H = 2, L = 19, Dh = 6, K = 3;
