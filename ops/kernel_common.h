@@ -24,24 +24,6 @@
 #define SEQREC_KERNEL_UNROLL
 #endif
 
-// A body's element loops, vectorised where the host compiler runs it as a CPU kernel: a source
-// file compiled with -fopenmp-simd and SEQREC_KERNEL_SIMD_LOOPS defined (ops/CMakeLists.txt)
-// gets `omp simd` on them (SEQREC_KERNEL_SIMD_SUM(acc): a sum into acc, whose order it may
-// change); elsewhere, nvcc and the emulated warps' tests included, they are plain loops. The
-// two expansions must not meet in one instantiation: a body's functions take the Warp as a
-// template argument, and each Warp type is instantiated in one kind of file only (SerialWarp in
-// the op's file, EmulatedWarp in the tests), so no function is defined twice differently.
-#define SEQREC_KERNEL_PRAGMA(x) _Pragma(#x)
-#if defined(SEQREC_KERNEL_SIMD_LOOPS) && !defined(__CUDACC__)
-#define SEQREC_KERNEL_SIMD SEQREC_KERNEL_PRAGMA(omp simd)
-#define SEQREC_KERNEL_SIMD_SUM(acc) SEQREC_KERNEL_PRAGMA(omp simd reduction(+ : acc))
-#define SEQREC_KERNEL_SIMD_MAX(acc) SEQREC_KERNEL_PRAGMA(omp simd reduction(max : acc))
-#else
-#define SEQREC_KERNEL_SIMD
-#define SEQREC_KERNEL_SIMD_SUM(acc)
-#define SEQREC_KERNEL_SIMD_MAX(acc)
-#endif
-
 namespace seqrec::ops::cuda {
 
 constexpr int kWarpSize = 32;
@@ -159,8 +141,8 @@ struct EmulatedWarp {
 
 // One lane that owns every element: a body written with Warp::kLanes strides (lane k takes
 // elements k, k + kLanes, ...) runs on the CPU as a plain loop, its sums in element order (the
-// interest kernel's, for its device path's host side on the CPU). Unlike EmulatedWarp it does not
-// round as the device does; the emulation is what checks a kernel's lanes.
+// gated attention's rows on the CPU). Unlike EmulatedWarp it does not round as the device does;
+// the emulation is what checks a kernel's lanes.
 template <typename S>
 struct SerialWarp {
   static constexpr int kLanes = 1;

@@ -230,13 +230,11 @@ SEQREC_KERNEL_FN void forward_row(Warp& warp, const Args<T>& a, int64_t row, T* 
   }
   warp.sync();
   warp.each([&](int lane, NoState&) {
-    SEQREC_KERNEL_SIMD
     for (int64_t k = lane; k < e; k += S) o[k] = T(0);
     for (int64_t j = 0; j < hi; ++j) {
       if (pad[j]) continue;
       const T w = sc[j] * f;
       const T* vj = a.v + (bh * L + j) * e;
-      SEQREC_KERNEL_SIMD
       for (int64_t k = lane; k < e; k += S) o[k] += w * vj[k];
     }
   });
@@ -346,13 +344,11 @@ SEQREC_KERNEL_FN void query_row(Warp& warp, const Args<T>& a, int64_t row, T* sc
   warp.sync();
   // gq_i = sum_j dx_j·k_j (cosine: times 1 / ||k_j||, then through q's norm).
   warp.each([&](int lane, NoState&) {
-    SEQREC_KERNEL_SIMD
     for (int64_t k = lane; k < s; k += S) gq[k] = T(0);
     for (int64_t j = 0; j < hi; ++j) {
       if (pad[j]) continue;
       const T c = a.cosine ? dp[j] * inv_norm(a.kn[bh * L + j]) : dp[j];
       const T* kj = a.k + (bh * L + j) * s;
-      SEQREC_KERNEL_SIMD
       for (int64_t k = lane; k < s; k += S) gq[k] += c * kj[k];
     }
   });
@@ -397,18 +393,14 @@ SEQREC_KERNEL_FN void key_row(Warp& warp, const Args<T>& a, int64_t row, T* sc) 
   });
   warp.sync();
   warp.each([&](int lane, NoState&) {
-    SEQREC_KERNEL_SIMD
     for (int64_t k = lane; k < e; k += S) gv[k] = T(0);
-    SEQREC_KERNEL_SIMD
     for (int64_t k = lane; k < s; k += S) gk[k] = T(0);
     for (int64_t i = lo; i < L; ++i) {
       if (pad[i]) continue;
       const T* gi = a.grad + (bh * L + i) * e;
       const T* qi = a.q + (bh * L + i) * s;
       const T wi = w[i], di = dx[i];
-      SEQREC_KERNEL_SIMD
       for (int64_t k = lane; k < e; k += S) gv[k] += wi * gi[k];
-      SEQREC_KERNEL_SIMD
       for (int64_t k = lane; k < s; k += S) gk[k] += di * qi[k];
     }
   });

@@ -119,7 +119,6 @@ SEQREC_KERNEL_FN void advance(Warp& warp, const Args<T>& a, const Slot<T>& sl, i
   // The interests' factors, one interest per lane (the arguments of the exps are chosen so that
   // none is NaN or positive, for the loop's branch-free form).
   warp.each([&](int lane, NoState&) {
-    SEQREC_KERNEL_SIMD
     for (int64_t j = lane; j < K2; j += Warp::kLanes) {
       const T m_prev = t > 0 ? mp[j] : -kinf<T>();
       const T m_new = record ? (real && at[j] > m_prev ? at[j] : m_prev) : mt[j];
@@ -145,7 +144,6 @@ SEQREC_KERNEL_FN void advance(Warp& warp, const Args<T>& a, const Slot<T>& sl, i
       const T e = sl.e[j], w = sl.w[j];
       const T* x = j < K ? kx : vx;
       T* nj = n + j * Dh;
-      SEQREC_KERNEL_SIMD
       for (int64_t d = lane; d < Dh; d += Warp::kLanes) nj[d] = nj[d] * e + w * x[d];
     }
   });
@@ -162,13 +160,11 @@ SEQREC_KERNEL_FN Softmax<T> softmax_of(Warp& warp, const T* s, int64_t K) {
   Softmax<T> sm;
   sm.top = warp.max([&](int lane, NoState&) {
     T top = -kinf<T>();
-    SEQREC_KERNEL_SIMD_MAX(top)
     for (int64_t j = lane; j < K; j += Warp::kLanes) top = kmax(top, s[j]);
     return top;
   });
   sm.den = warp.sum([&](int lane, NoState&) {
     T den = T(0);
-    SEQREC_KERNEL_SIMD_SUM(den)
     for (int64_t j = lane; j < K; j += Warp::kLanes) den += kexp_nonpositive(s[j] - sm.top);
     return den;
   });
@@ -219,19 +215,16 @@ SEQREC_KERNEL_FN void forward_row(Warp& warp, const Args<T>& a, int64_t bh) {
     warp.sync();
     const auto sm = softmax_of(warp, st, K);
     warp.each([&](int lane, NoState&) {
-      SEQREC_KERNEL_SIMD
       for (int64_t j = lane; j < K; j += Warp::kLanes)
         sl.p[j] = kexp_nonpositive(st[j] - sm.top) / sm.den * a.keep(bh, t, j) / kmax(zt[K + j], tiny<T>());
     });
     warp.sync();
     T* o = a.out + (bh * L + t) * Dh;
     warp.each([&](int lane, NoState&) {
-      SEQREC_KERNEL_SIMD
       for (int64_t d = lane; d < Dh; d += Warp::kLanes) o[d] = T(0);
       for (int64_t j = 0; j < K; ++j) {
         const T r = sl.p[j];
         const T* n = state + (K + j) * Dh;
-        SEQREC_KERNEL_SIMD
         for (int64_t d = lane; d < Dh; d += Warp::kLanes) o[d] += r * n[d];
       }
     });
@@ -267,7 +260,6 @@ SEQREC_KERNEL_FN void backward_slot(Warp& warp, const Args<T>& a, const Slot<T>&
   // The carry factors and weights, one interest per lane (no NaN or positive exp arguments).
   const bool last = t + 1 >= L;
   warp.each([&](int lane, NoState&) {
-    SEQREC_KERNEL_SIMD
     for (int64_t j = lane; j < K2; j += Warp::kLanes) {
       const bool seen = mt[j] != -kinf<T>();
       const T f = kexp_nonpositive(seen && !last ? mt[j] - mn[j] : T(0));
@@ -278,7 +270,6 @@ SEQREC_KERNEL_FN void backward_slot(Warp& warp, const Args<T>& a, const Slot<T>&
   });
   const auto sm = softmax_of(warp, st, K);
   warp.each([&](int lane, NoState&) {
-    SEQREC_KERNEL_SIMD
     for (int64_t j = lane; j < K; j += Warp::kLanes) {
       const T p = kexp_nonpositive(st[j] - sm.top) / sm.den;
       sl.p[j] = p * a.keep(bh, t, j);
@@ -288,23 +279,19 @@ SEQREC_KERNEL_FN void backward_slot(Warp& warp, const Args<T>& a, const Slot<T>&
   warp.sync();  // dp and p
   const T sig = warp.sum([&](int lane, NoState&) {
     T acc = T(0);
-    SEQREC_KERNEL_SIMD_SUM(acc)
     for (int64_t j = lane; j < K; j += Warp::kLanes) acc += sl.p[j] * sl.dp[j];
     return acc;
   });
   warp.each([&](int lane, NoState&) {
-    SEQREC_KERNEL_SIMD
     for (int64_t j = lane; j < K; j += Warp::kLanes)
       sl.ds[j] = a.scale * sl.ds[j] * (a.keep(bh, t, j) * sl.dp[j] - sig);
   });
   warp.sync();  // ds
   warp.each([&](int lane, NoState&) {
-    SEQREC_KERNEL_SIMD
     for (int64_t d = lane; d < Dh; d += Warp::kLanes) gq[d] = gk[d] = gv[d] = T(0);
     for (int64_t j = 0; j < K; ++j) {  // one softmax term per interest, then its dims
       const T c = sl.ds[j];
       const T* ag = agg_t + j * Dh;
-      SEQREC_KERNEL_SIMD
       for (int64_t d = lane; d < Dh; d += Warp::kLanes) gq[d] += c * ag[d];
     }
   });
@@ -317,7 +304,6 @@ SEQREC_KERNEL_FN void backward_slot(Warp& warp, const Args<T>& a, const Slot<T>&
     const T* src = key ? qt : g;
     if (mt[j] == -kinf<T>()) {  // no real slot up to t: nothing before it to pass anything to
       warp.each([&](int lane, NoState&) {
-        SEQREC_KERNEL_SIMD
         for (int64_t d = lane; d < Dh; d += Warp::kLanes) u[d] = T(0);
       });
       warp.lead([&] {
@@ -332,7 +318,6 @@ SEQREC_KERNEL_FN void backward_slot(Warp& warp, const Args<T>& a, const Slot<T>&
     const T c = coef * head_dot(warp, src, ag, Dh) * inv_z + f * c_next[j];
     const T cz = coef * inv_z;
     warp.each([&](int lane, NoState&) {
-      SEQREC_KERNEL_SIMD
       for (int64_t d = lane; d < Dh; d += Warp::kLanes) u[d] = cz * src[d] + f * u[d];
     });
     T da = T(0);
@@ -342,7 +327,6 @@ SEQREC_KERNEL_FN void backward_slot(Warp& warp, const Args<T>& a, const Slot<T>&
       T* gx = key ? gk : gv;
       da = w * (head_dot(warp, x, u, Dh) - c);
       warp.each([&](int lane, NoState&) {
-        SEQREC_KERNEL_SIMD
         for (int64_t d = lane; d < Dh; d += Warp::kLanes) gx[d] += w * u[d];
       });
     }
@@ -378,7 +362,6 @@ SEQREC_KERNEL_FN void backward_row(Warp& warp, const Args<T>& a, int64_t bh) {
       warp.each([&](int lane, NoState&) {
         for (int64_t j = 0; j < K2; ++j) {
           const T inv = T(1) / kmax(zt[j], tiny<T>());
-          SEQREC_KERNEL_SIMD
           for (int64_t d = lane; d < Dh; d += Warp::kLanes) row[j * Dh + d] = state[j * Dh + d] * inv;
         }
       });
