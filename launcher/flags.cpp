@@ -121,6 +121,10 @@ DEFINE_double(adam_eps, 1e-8, "Adam epsilon");
 DEFINE_double(weight_decay, 0.0, "L2 weight decay");
 DEFINE_double(clip_norm, 0.0, "clip the global gradient norm to this; 0 = off");
 DEFINE_int64(warmup_steps, 0, "linear learning-rate warm-up steps");
+DEFINE_string(lr_schedule, "constant",
+              "learning rate after the warm-up: constant, or decayed to --lr_final_ratio x --lr by the last "
+              "planned step (--epochs x steps per epoch) along half a cosine (cosine) or a line (linear)");
+DEFINE_double(lr_final_ratio, 0.0, "cosine/linear: the learning rate at the last planned step, as a fraction of --lr");
 DEFINE_int64(epochs, 200, "training epochs");
 DEFINE_int64(batch_size, 128, "sequences per rank per step (global batch = batch_size x ranks)");
 DEFINE_int64(eval_every, 1, "validate every N epochs");
@@ -196,7 +200,7 @@ const std::map<std::string, Subcommand>& subcommands() {
       {"train",
        {"train a model (data parallel under mpirun), validate, checkpoint, test the selected model",
         train_flags({"data", "out"}, {"mask_prob", "loss", "lr",
-         "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm", "warmup_steps", "epochs", "batch_size",
+         "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm", "warmup_steps", "lr_schedule", "lr_final_ratio", "epochs", "batch_size",
          "train_windows", "train_prefixes", "eval_every",
          "patience", "select_metric", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",
          "full_ranking", "eval_batch", "resume", "checkpoint_every", "keep_checkpoints", "expert_parallel", "replica_check_every", "max_steps",

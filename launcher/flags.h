@@ -47,6 +47,8 @@ DECLARE_double(adam_eps);
 DECLARE_double(weight_decay);
 DECLARE_double(clip_norm);
 DECLARE_int64(warmup_steps);
+DECLARE_string(lr_schedule);
+DECLARE_double(lr_final_ratio);
 DECLARE_int64(epochs);
 DECLARE_int64(batch_size);
 DECLARE_int64(eval_every);

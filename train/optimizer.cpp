@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <sstream>
 #include <stdexcept>
 
 namespace seqrec::train {
@@ -84,6 +85,40 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, do
         if (p.grad().defined()) p.mutable_grad().mul_(scale);
   }
   return norm;
+}
+
+void LrSchedule::validate() const {
+  if (!(lr > 0)) throw std::invalid_argument("lr_schedule: the learning rate must be > 0");
+  if (warmup_steps < 0) throw std::invalid_argument("lr_schedule: warmup_steps must be >= 0");
+  if (kind == "constant") return;
+  if (kind != "cosine" && kind != "linear")
+    throw std::invalid_argument("--lr_schedule must be constant, cosine or linear; got '" + kind + "'");
+  if (!(final_ratio >= 0 && final_ratio <= 1))
+    throw std::invalid_argument("--lr_final_ratio must be in [0, 1], got " + std::to_string(final_ratio));
+  if (decay_end <= warmup_steps)
+    throw std::invalid_argument("--lr_schedule " + kind + ": the decay would end at step " + std::to_string(decay_end) +
+                                " (epochs x steps per epoch), not after the " + std::to_string(warmup_steps) +
+                                " warm-up steps; lower --warmup_steps or raise --epochs");
+}
+
+double LrSchedule::at(int64_t step) const {
+  if (warmup_steps > 0 && step < warmup_steps)
+    return lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+  if (kind == "constant") return lr;
+  if (step >= decay_end) return lr * final_ratio;
+  const double t = static_cast<double>(step - warmup_steps) / static_cast<double>(decay_end - warmup_steps);
+  const double fraction = kind == "cosine" ? 0.5 * (1.0 + std::cos(std::acos(-1.0) * t)) : 1.0 - t;  // 1 -> 0
+  return lr * (final_ratio + (1.0 - final_ratio) * fraction);
+}
+
+std::string LrSchedule::describe() const {
+  std::ostringstream s;
+  s.precision(6);
+  s << kind << " " << lr;
+  if (kind != "constant")
+    s << " -> " << lr * final_ratio << " over steps " << warmup_steps << "-" << decay_end;
+  if (warmup_steps > 0) s << ", linear warm-up over the first " << warmup_steps << " steps";
+  return s.str();
 }
 
 }  // namespace seqrec::train

@@ -38,6 +38,27 @@ class Adam {
   int64_t step_ = 0;
 };
 
+// The learning rate as a function of the optimizer step: a linear warm-up to `lr` over the first
+// warmup_steps steps, then `lr` held (constant), or decayed from `lr` at step warmup_steps to
+// final_ratio * lr at step decay_end by half a cosine (cosine) or a straight line (linear), and
+// held there after. decay_end is the run's planned length (epochs x steps per epoch), so a run
+// that stops early by patience never reaches the floor.
+struct LrSchedule {
+  double lr = 1e-3;
+  int64_t warmup_steps = 0;
+  std::string kind = "constant";  // constant | cosine | linear
+  double final_ratio = 0.0;       // the floor, as a fraction of lr (cosine, linear)
+  int64_t decay_end = 0;          // the step where the decay reaches the floor (cosine, linear)
+
+  // Throws std::invalid_argument naming the field: an unknown kind, a ratio outside [0, 1],
+  // a decay that ends at or before the warm-up does.
+  void validate() const;
+  double at(int64_t step) const;
+  // "constant 0.001", "cosine 0.001 -> 1e-05 over steps 100-13600", with the warm-up when there
+  // is one; equal texts mean equal schedules (resume compares them).
+  std::string describe() const;
+};
+
 // Scales gradients so their global L2 norm is at most max_norm; returns the norm before.
 // extra_sq: squared norm of gradients held elsewhere (other ranks' expert shards), counted in
 // the norm; also_scaled: further gradients scaled by the same factor (this rank's shards).

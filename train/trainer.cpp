@@ -151,10 +151,16 @@ struct Progress {
   double train_seconds = 0;       // wall time spent in training steps
 };
 
-double lr_at(const TrainOptions& o, int64_t step) {
-  if (o.warmup_steps > 0 && step < o.warmup_steps)
-    return o.adam.lr * static_cast<double>(step + 1) / static_cast<double>(o.warmup_steps);
-  return o.adam.lr;
+// The run's schedule: a decay ends at the planned last step, epochs x steps per epoch.
+LrSchedule lr_schedule_of(const TrainOptions& o, int64_t steps_per_epoch) {
+  LrSchedule s;
+  s.lr = o.adam.lr;
+  s.warmup_steps = o.warmup_steps;
+  s.kind = o.lr_schedule;
+  s.final_ratio = o.lr_final_ratio;
+  s.decay_end = o.epochs * steps_per_epoch;
+  s.validate();
+  return s;
 }
 
 at::Generator& dropout_generator() {
@@ -368,7 +374,8 @@ void gather_experts(dist::Comm& ep, const std::vector<std::pair<std::string, at:
 }
 
 TensorBundle make_snapshot(models::SequenceModel& model, const Adam& adam, const io::Cursor& cursor,
-                           const Progress& p, const TrainOptions& o, int world, const Layout& layout, int rank) {
+                           const Progress& p, const TrainOptions& o, const LrSchedule& schedule, int world,
+                           const Layout& layout, int rank) {
   TensorBundle b;
   std::vector<std::pair<std::string, at::Tensor>> experts;
   for (auto& [n, t] : model.named_parameters()) {
@@ -402,6 +409,7 @@ TensorBundle make_snapshot(models::SequenceModel& model, const Adam& adam, const
   b.meta["global_batch"] = std::to_string(o.loader.batch_size * world);
   b.meta["train_windows"] = o.loader.windows ? "true" : "false";
   b.meta["train_prefixes"] = o.loader.prefixes ? "true" : "false";
+  b.meta["lr_schedule"] = schedule.describe();
   return b;
 }
 
@@ -594,6 +602,7 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
   io::TrainLoader loader(seqs, meta, loader_options, rank, world, std::move(examples_per_user));
   std::vector<double> popularity;
   if (o.select_protocol.popularity) popularity = item_popularity(seqs, meta, comm);
+  const LrSchedule schedule = lr_schedule_of(o, loader.steps_per_epoch());
 
   CheckpointManager ckpt({o.out + "/checkpoints", o.keep_checkpoints}, comm);
   CheckpointManager best_ckpt({o.out + "/best", 1}, comm);
@@ -640,6 +649,19 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
         throw std::runtime_error(*resume_from + " was trained " + (saved ? "with" : "without") + " --" + key +
                                  "; resume it " + (saved ? "with" : "without") + " the flag (or start a new --out)");
     }
+    // A decaying schedule is planned over the run's epochs: resuming under another plan (say a
+    // raised --epochs) would jump the learning rate, so it is refused rather than silently taken.
+    // Checkpoints written before the key existed trained at a constant rate.
+    const std::string saved_schedule = s.meta.count("lr_schedule") ? s.value("lr_schedule") : "";
+    if ((o.lr_schedule != "constant" || saved_schedule.rfind("constant", 0) != 0) && !saved_schedule.empty() &&
+        saved_schedule != schedule.describe())
+      throw std::runtime_error(*resume_from + " was trained with the learning-rate schedule '" + saved_schedule +
+                               "'; this run's flags give '" + schedule.describe() +
+                               "': resume with the saved run's --lr, --lr_schedule, --lr_final_ratio, --warmup_steps "
+                               "and --epochs (or start a new --out)");
+    if (saved_schedule.empty() && o.lr_schedule != "constant")
+      throw std::runtime_error(*resume_from + " was trained at a constant learning rate (it predates --lr_schedule); "
+                               "resume it with --lr_schedule constant (or start a new --out)");
     // The cursor counts global batches of the saved run's size: with another global batch
     // (world size or per-rank batch changed) continue the epoch from the same example offset.
     // Checkpoints written before the key existed held the per-rank batch of this configuration.
@@ -695,6 +717,7 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
            " steps/epoch=" +
            std::to_string(loader.steps_per_epoch()) + " length_groups=" + std::to_string(length_groups));
   if (const auto own = models::own_options_text(mo); !own.empty()) log.line("[setup] " + mo.model + ": " + own);
+  log.line("[setup] learning rate: " + schedule.describe());
   log.line("[setup] model selection: valid " + o.select_metric + " under \"" + o.select_protocol.describe() + "\"");
   if (fault.step > 0) {
     if (fault.rank >= world)
@@ -724,7 +747,7 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
     check_replicas("before the checkpoint at step " + std::to_string(p.step));
     TensorBundle rng{{{"rng/cpu", generator_state()}}, {}};
     if (device.is_cuda()) rng.tensors.emplace_back("rng/cuda", device_generator_state(device));
-    ckpt.save(p.step, make_snapshot(*model, adam, loader.cursor(), p, o, world, layout, rank), rng);
+    ckpt.save(p.step, make_snapshot(*model, adam, loader.cursor(), p, o, schedule, world, layout, rank), rng);
     last_saved_step = p.step;
   };
   auto evaluate_and_log = [&](Split split, const EvalProtocol& proto, int64_t epoch) {
@@ -784,7 +807,7 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
         p.best_value = v;
         p.best_epoch = c.epoch;
         p.bad_evals = 0;
-        best_ckpt.save(p.step, make_snapshot(*model, adam, c, p, o, world, layout, rank), TensorBundle{});
+        best_ckpt.save(p.step, make_snapshot(*model, adam, c, p, o, schedule, world, layout, rank), TensorBundle{});
         log.line("[select] new best valid " + o.select_metric + "=" + fmt(v) + " at epoch " + std::to_string(c.epoch));
       } else {
         ++p.bad_evals;
@@ -878,7 +901,7 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
     }
     {
       SEQREC_PROFILE_SCOPE("seqrec::optimizer");
-      adam.step(lr_at(o, p.step));
+      adam.step(schedule.at(p.step));
       adam.zero_grad();
     }
     // Statistics-driven updates (EMA codebooks): every rank's sums, all-reduced, then applied
@@ -917,7 +940,7 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
       const double per_step = sitting_seconds / static_cast<double>(std::max<int64_t>(1, sitting_steps));
       log.line("[train] epoch " + std::to_string(n.epoch + (n.step > 0 ? 1 : 0)) + "/" + std::to_string(o.epochs) +
                " step " + std::to_string(p.step) + " loss " + fmt(acc[0].item<double>() / std::max(1.0, acc[1].item<double>())) +
-               " lr " + fmt(lr_at(o, p.step), 6) + " seq/s " + fmt(acc[2].item<double>() / dt, 0) +
+               " lr " + fmt(schedule.at(p.step), 6) + " seq/s " + fmt(acc[2].item<double>() / dt, 0) +
                " ETA(epochs) " + format_duration(per_step * (total - done)) + " RSS/rank " +
                fmt(rss.item<double>(), 0) + " MiB");
       loss_acc = targets_acc = users_acc = 0;

@@ -32,6 +32,8 @@ struct TrainOptions {
                                     // 0: 8 on the CPU, 1 on a CUDA device (each slice's launches cost more there)
   int64_t softmax_keep_mib = 256;   // --loss ce keeps a batch's probabilities for the backward up to this size
   int64_t warmup_steps = 0;         // linear LR warm-up
+  std::string lr_schedule = "constant";  // after the warm-up: constant | cosine | linear decay
+  double lr_final_ratio = 0.0;      // cosine/linear: the lr at the last planned step, as a fraction of lr
   int64_t epochs = 200;
   int64_t eval_every = 1;           // validate every N epochs
   int64_t patience = 0;             // stop after N validations without improvement; 0 = never

@@ -247,6 +247,30 @@ TEST_F(Cli, TrainWindowsResumeExactlyAndMustMatch) {
   EXPECT_TRUE(contains(r.output, "without --train_windows") || contains(r.output, "with --train_windows")) << r.output;
 }
 
+// A decaying learning rate: logged, followed (the run ends elsewhere than a constant rate's),
+// continued exactly on resume, and a resume whose flags plan another schedule (a raised
+// --epochs) is refused by name rather than jumping the rate.
+TEST_F(Cli, LrScheduleDecaysResumesExactlyAndMustMatch) {
+  const std::string a = dir("cosine-a"), b = dir("cosine-b"), c = dir("cosine-constant");
+  const std::string common = "train --data " + data() + " " + kTrainSmall + "--epochs 2 --final_test=false ";
+  const std::string cosine = common + "--lr_schedule cosine --lr_final_ratio 0.1 --lr 0.01 ";
+  ASSERT_NO_FATAL_FAILURE(expect_resume_exact(cosine, a, b, 6, 14));
+  EXPECT_TRUE(contains(read_file(a + "/train.log"), "[setup] learning rate: cosine 0.01 -> 0.001 over steps 0-20"))
+      << read_file(a + "/train.log");
+  auto k = run_seqrec(common + "--lr 0.01 --max_steps 14 --out " + c, 300);
+  ASSERT_EQ(k.code, 0) << k.output;
+  EXPECT_TRUE(contains(k.output, "[setup] learning rate: constant 0.01")) << k.output;
+  auto pa = params_of(newest_checkpoint(a)), pc = params_of(newest_checkpoint(c));
+  int differ = 0;
+  for (auto& [n, t] : pa) differ += n.rfind("param/", 0) == 0 && !torch::equal(t, pc.at(n));
+  EXPECT_GT(differ, 0) << "the cosine run trained exactly as the constant one";
+  auto r = run_seqrec(cosine + "--epochs 3 --max_steps 16 --resume auto --out " + b, 300);
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "was trained with the learning-rate schedule 'cosine 0.01 -> 0.001 over steps 0-20'"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "this run's flags give 'cosine 0.01 -> 0.001 over steps 0-30'")) << r.output;
+}
+
 // --train_prefixes with the last-slot objective (RecBole's and the released LinRec code's
 // training): every prefix an example, more steps per epoch than windows give, resumed exactly,
 // validated and tested; a checkpoint resumed without the flag is refused by name; the last
@@ -644,6 +668,8 @@ TEST_F(Cli, InvalidFlagsGetAClearErrorAndExitCode) {
       {t + "--expert_parallel 0", "--expert_parallel must be >= 1"},
       {t + "--mask_prob 1", "--mask_prob must be in (0, 1)"},
       {t + "--loss hinge", "--loss must be"},
+      {t + "--lr_schedule step", "--lr_schedule must be constant, cosine or linear; got 'step'"},
+      {t + "--lr_schedule cosine --lr_final_ratio 2", "--lr_final_ratio must be in [0, 1]"},
       {t + "--no_such_flag 1", "no_such_flag"},
       {t + "--select_metric AUC", "--select_metric"},
       {t + "--host_allocator tcmalloc", "--host_allocator must be 'caching' or 'system', got 'tcmalloc'"},

@@ -73,4 +73,67 @@ TEST(ClipGradNorm, ScalesToTheBound) {
   EXPECT_NEAR(p.grad().norm().item<double>(), 1.0, 1e-5) << "below the bound: unchanged";
 }
 
+TEST(LrSchedule, WarmUpThenConstant) {
+  LrSchedule s;
+  s.lr = 0.01;
+  s.warmup_steps = 4;
+  s.validate();
+  EXPECT_DOUBLE_EQ(s.at(0), 0.0025);
+  EXPECT_DOUBLE_EQ(s.at(3), 0.01);
+  EXPECT_DOUBLE_EQ(s.at(4), 0.01);
+  EXPECT_DOUBLE_EQ(s.at(1000000), 0.01);
+  EXPECT_EQ(s.describe(), "constant 0.01, linear warm-up over the first 4 steps");
+}
+
+TEST(LrSchedule, CosineAndLinearDecayFromTheWarmUpToTheFloor) {
+  LrSchedule c;
+  c.lr = 0.01;
+  c.warmup_steps = 10;
+  c.kind = "cosine";
+  c.final_ratio = 0.1;
+  c.decay_end = 110;
+  c.validate();
+  EXPECT_DOUBLE_EQ(c.at(4), 0.005) << "the warm-up comes first";
+  EXPECT_DOUBLE_EQ(c.at(10), 0.01) << "the decay starts at the full rate";
+  EXPECT_NEAR(c.at(60), 0.01 * (0.1 + 0.9 * 0.5), 1e-15) << "halfway: halfway between lr and the floor";
+  EXPECT_NEAR(c.at(35), 0.01 * (0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI / 4))), 1e-15);
+  EXPECT_NEAR(c.at(110), 0.001, 1e-15);
+  EXPECT_NEAR(c.at(5000), 0.001, 1e-15) << "held at the floor past the planned end";
+  for (int64_t t = 11; t <= 110; ++t) EXPECT_LT(c.at(t), c.at(t - 1)) << "step " << t;
+  EXPECT_EQ(c.describe(), "cosine 0.01 -> 0.001 over steps 10-110, linear warm-up over the first 10 steps");
+
+  LrSchedule l = c;
+  l.kind = "linear";
+  l.warmup_steps = 0;
+  l.final_ratio = 0;
+  l.decay_end = 100;
+  EXPECT_DOUBLE_EQ(l.at(0), 0.01);
+  EXPECT_NEAR(l.at(25), 0.0075, 1e-15);
+  EXPECT_NEAR(l.at(100), 0.0, 1e-15);
+  EXPECT_NE(l.describe(), c.describe());
+}
+
+TEST(LrSchedule, BadSettingsAreNamed) {
+  auto error_of = [](LrSchedule s) {
+    try {
+      s.validate();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  LrSchedule s;
+  s.kind = "step";
+  EXPECT_NE(error_of(s).find("--lr_schedule must be constant, cosine or linear; got 'step'"), std::string::npos);
+  s.kind = "cosine";
+  s.decay_end = 100;
+  s.final_ratio = 1.5;
+  EXPECT_NE(error_of(s).find("--lr_final_ratio must be in [0, 1]"), std::string::npos);
+  s.final_ratio = 0;
+  s.warmup_steps = 100;
+  EXPECT_NE(error_of(s).find("the decay would end at step 100"), std::string::npos) << error_of(s);
+  s.warmup_steps = 99;
+  EXPECT_EQ(error_of(s), "");
+}
+
 }  // namespace
