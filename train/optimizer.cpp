@@ -95,10 +95,6 @@ void LrSchedule::validate() const {
     throw std::invalid_argument("--lr_schedule must be constant, cosine or linear; got '" + kind + "'");
   if (!(final_ratio >= 0 && final_ratio <= 1))
     throw std::invalid_argument("--lr_final_ratio must be in [0, 1], got " + std::to_string(final_ratio));
-  if (decay_end <= warmup_steps)
-    throw std::invalid_argument("--lr_schedule " + kind + ": the decay would end at step " + std::to_string(decay_end) +
-                                " (epochs x steps per epoch), not after the " + std::to_string(warmup_steps) +
-                                " warm-up steps; lower --warmup_steps or raise --epochs");
 }
 
 double LrSchedule::at(int64_t step) const {

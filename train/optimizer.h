@@ -42,7 +42,8 @@ class Adam {
 // warmup_steps steps, then `lr` held (constant), or decayed from `lr` at step warmup_steps to
 // final_ratio * lr at step decay_end by half a cosine (cosine) or a straight line (linear), and
 // held there after. decay_end is the run's planned length (epochs x steps per epoch), so a run
-// that stops early by patience never reaches the floor.
+// that stops early by patience never reaches the floor; a warm-up that outlasts it goes straight
+// to the floor (the trainer warns).
 struct LrSchedule {
   double lr = 1e-3;
   int64_t warmup_steps = 0;
@@ -50,9 +51,10 @@ struct LrSchedule {
   double final_ratio = 0.0;       // the floor, as a fraction of lr (cosine, linear)
   int64_t decay_end = 0;          // the step where the decay reaches the floor (cosine, linear)
 
-  // Throws std::invalid_argument naming the field: an unknown kind, a ratio outside [0, 1],
-  // a decay that ends at or before the warm-up does.
+  // Throws std::invalid_argument naming the field: an unknown kind, a ratio outside [0, 1].
   void validate() const;
+  // Whether a decaying schedule has steps to decay over after the warm-up.
+  bool decays() const { return kind != "constant" && decay_end > warmup_steps; }
   double at(int64_t step) const;
   // "constant 0.001", "cosine 0.001 -> 1e-05 over steps 100-13600", with the warm-up when there
   // is one; equal texts mean equal schedules (resume compares them).

@@ -718,6 +718,10 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
            std::to_string(loader.steps_per_epoch()) + " length_groups=" + std::to_string(length_groups));
   if (const auto own = models::own_options_text(mo); !own.empty()) log.line("[setup] " + mo.model + ": " + own);
   log.line("[setup] learning rate: " + schedule.describe());
+  if (schedule.kind != "constant" && !schedule.decays())
+    log.line("[setup] warning: the " + std::to_string(schedule.warmup_steps) + " warm-up steps outlast the run's " +
+             std::to_string(schedule.decay_end) + " planned steps (--epochs x steps per epoch), so the " + schedule.kind +
+             " decay never runs; lower --warmup_steps or raise --epochs");
   log.line("[setup] model selection: valid " + o.select_metric + " under \"" + o.select_protocol.describe() + "\"");
   if (fault.step > 0) {
     if (fault.rank >= world)
