@@ -651,17 +651,16 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
     }
     // A decaying schedule is planned over the run's epochs: resuming under another plan (say a
     // raised --epochs) would jump the learning rate, so it is refused rather than silently taken.
-    // Checkpoints written before the key existed trained at a constant rate.
-    const std::string saved_schedule = s.meta.count("lr_schedule") ? s.value("lr_schedule") : "";
-    if ((o.lr_schedule != "constant" || saved_schedule.rfind("constant", 0) != 0) && !saved_schedule.empty() &&
+    // Two constant rates may differ (as before the key existed); checkpoints written before it
+    // trained at a constant rate.
+    const std::string saved_schedule =
+        s.meta.count("lr_schedule") ? s.value("lr_schedule") : "constant (written before --lr_schedule existed)";
+    if ((schedule.kind != "constant" || saved_schedule.rfind("constant", 0) != 0) &&
         saved_schedule != schedule.describe())
       throw std::runtime_error(*resume_from + " was trained with the learning-rate schedule '" + saved_schedule +
                                "'; this run's flags give '" + schedule.describe() +
                                "': resume with the saved run's --lr, --lr_schedule, --lr_final_ratio, --warmup_steps "
                                "and --epochs (or start a new --out)");
-    if (saved_schedule.empty() && o.lr_schedule != "constant")
-      throw std::runtime_error(*resume_from + " was trained at a constant learning rate (it predates --lr_schedule); "
-                               "resume it with --lr_schedule constant (or start a new --out)");
     // The cursor counts global batches of the saved run's size: with another global batch
     // (world size or per-rank batch changed) continue the epoch from the same example offset.
     // Checkpoints written before the key existed held the per-rank batch of this configuration.
