@@ -14,11 +14,13 @@ JOBS=${JOBS:-2}
 packages=(cmake ninja-build g++ ccache libtorch-dev libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
           libgflags-dev libgoogle-glog-dev libgtest-dev zlib1g-dev liblzma-dev xz-utils
           libopenblas0-pthread)
+# The test suite's Slurm end-to-end test starts a one-node cluster of its own.
+test_packages=(slurm-wlm munge)
 
-install_packages() {
+install_packages() {  # [extra packages]
   [ "${SEQREC_NO_INSTALL:-0}" = 1 ] && return 0
   local missing=()
-  for p in "${packages[@]}"; do
+  for p in "${packages[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -53,7 +55,7 @@ case "$mode" in
       --batch_size 128 --log_every 5
     echo "[setup] demo done: metrics in $out/run/metrics.jsonl" ;;
   test)
-    install_packages; build
+    install_packages "${test_packages[@]}"; build
     # shellcheck disable=SC2086
     ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" ${CTEST_ARGS:--LE long} ;;
   *)
