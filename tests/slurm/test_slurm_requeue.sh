@@ -5,7 +5,8 @@
 # the job requeues itself and its second start resumes; its metrics (every validation and the final
 # test, to the 6 digits metrics.jsonl keeps) must equal those of a job of the same flags that was
 # never stopped. A third job, signalled with SEQREC_MAX_REQUEUES=0, must end with its checkpoint
-# and exit status 3 instead of requeueing; and the script's own errors must name the problem.
+# and exit status 3 instead of requeueing; a fourth, cancelled by scancel, must checkpoint and not
+# requeue; and the script's own errors must name the problem.
 #
 #   test_slurm_requeue.sh SEQREC_BIN SOURCE_DIR WORK_DIR
 # Exit 77 (skipped): not root, or slurm-wlm / munge not installed.
@@ -66,25 +67,31 @@ wait_end() {  # wait_end JOB SECONDS: the final state, or TIMEOUT
   done
   echo TIMEOUT
 }
-signal_after_checkpoint() {  # the run has a checkpoint and is still training: warn the batch shell
+signal_after_checkpoint() {  # JOB RUN [scancel options]: once RUN has a checkpoint, signal JOB
+  local job=$1 name=$2; shift 2
   for ((i = 0; i < 600; ++i)); do
-    ls "$work/$2/checkpoints" 2> /dev/null | grep -q step- && break
+    ls "$work/$name/checkpoints" 2> /dev/null | grep -q step- && break
     sleep 0.1
   done
-  ls "$work/$2/checkpoints" 2> /dev/null | grep -q step- || { echo "no checkpoint in $2 after 60 s"; return 1; }
-  scancel --batch --signal=USR1 "$1"
+  ls "$work/$name/checkpoints" 2> /dev/null | grep -q step- || { echo "no checkpoint in $name after 60 s"; return 1; }
+  scancel "$@" "$job"
 }
 
 ref=$(submit reference) || die "sbatch refused the reference job"
 run=$(submit requeued) || die "sbatch refused the job to requeue"
 capped=$(submit capped SEQREC_MAX_REQUEUES=0) || die "sbatch refused the capped job"
-echo "jobs: reference $ref, requeued $run, capped $capped"
-signal_after_checkpoint "$run" requeued || fails=$((fails + 1))
-signal_after_checkpoint "$capped" capped || fails=$((fails + 1))
+cancelled=$(submit cancelled) || die "sbatch refused the job to cancel"
+echo "jobs: reference $ref, requeued $run, capped $capped, cancelled $cancelled"
+# The warning Slurm sends --signal=B:USR1@N ahead of the time limit: to the batch shell only.
+signal_after_checkpoint "$run" requeued --batch --signal=USR1 || fails=$((fails + 1))
+signal_after_checkpoint "$capped" capped --batch --signal=USR1 || fails=$((fails + 1))
+# A plain scancel: TERM to the batch shell and the ranks, SIGKILL KillWait (30 s) later.
+signal_after_checkpoint "$cancelled" cancelled || fails=$((fails + 1))
 
 s_run=$(wait_end "$run" 240)
 s_ref=$(wait_end "$ref" 120)
 s_cap=$(wait_end "$capped" 60)
+s_can=$(wait_end "$cancelled" 60)
 check "the reference job completed ($s_ref)" test "$s_ref" = COMPLETED
 check "the signalled job completed after its requeue ($s_run)" test "$s_run" = COMPLETED
 check "it restarted once ($(field "$run" Restarts))" test "$(field "$run" Restarts)" = 1
@@ -100,9 +107,13 @@ check "the capped job failed with status 3 ($s_cap, $(field "$capped" ExitCode))
   test "$s_cap" = FAILED -a "$(field "$capped" ExitCode)" = 3:0
 check "the capped job said why it did not requeue" grep -q "requeued 0 times (SEQREC_MAX_REQUEUES): resubmit" capped.out
 check "the capped job kept its checkpoint" test -n "$(ls capped/checkpoints 2> /dev/null)"
+check "the cancelled job was cancelled, not requeued ($s_can, restarts $(field "$cancelled" Restarts))" \
+  test "$s_can" = CANCELLED -a "$(field "$cancelled" Restarts)" = 0
+check "its ranks checkpointed at the TERM before Slurm's SIGKILL" \
+  grep -q "^\[stop\] stop requested: checkpoint written at step" cancelled.out
 
 if [ "$fails" -gt 0 ]; then
-  for f in reference requeued capped; do
+  for f in reference requeued capped cancelled; do
     echo "--- $f.out (last 15 lines)"
     tail -n 15 "$f.out" 2> /dev/null
   done
