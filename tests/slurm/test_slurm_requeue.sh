@@ -39,7 +39,13 @@ out=$(SLURM_JOB_ID=1 SEQREC_BIN="$bin" SEQREC_LAUNCHER=ssh bash "$sbatch_script"
 check "an unknown launcher: exit 2, named" test "$rc" = 2 -a -n "$(grep "SEQREC_LAUNCHER must be" <<< "$out")"
 
 # Slurm's step sockets live in the spool folder, and a socket's path must stay under 108 bytes:
-# the cluster's folder is a short one in /tmp, whatever the build folder's depth.
+# the cluster's folder is a short one in /tmp, whatever the build folder's depth.# gpu.sbatch only sets the allocation: run as Slurm runs it (a copy in a spool folder), it reaches
+# train.sbatch through the submit directory.
+cp "$src/slurm/gpu.sbatch" "$work/spool-copy.sbatch"
+out=$(cd / && SLURM_JOB_ID=1 SLURM_SUBMIT_DIR="$src" SEQREC_BIN="$bin" bash "$work/spool-copy.sbatch" --data x 2>&1); rc=$?
+check "gpu.sbatch runs train.sbatch from the submit directory" \
+  test "$rc" = 2 -a -n "$(grep -- '--out RUN is required' <<< "$out")"
+
 cluster=$(mktemp -d /tmp/seqrec-slurm.XXXXXX)
 SLURM_LOCAL_PORT=${SLURM_LOCAL_PORT:-$((17000 + RANDOM % 2000 * 2))} "$src/slurm/local_cluster.sh" start "$cluster"
 rc=$?
