@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Slurm end to end, on a real one-node cluster that this test starts (slurm/local_cluster.sh) and
-# stops: slurm/train.sbatch runs seqrec train at 2 ranks under srun, Slurm's end-of-time warning
+# stops: slurm/train.sbatch runs seqrec train at 2 ranks under srun (and under mpirun), Slurm's end-of-time warning
 # (USR1 to the batch shell, as --signal=B:USR1@N sends it) makes every rank checkpoint and stop,
 # the job requeues itself and its second start resumes; its metrics (every validation and the final
 # test, to the 6 digits metrics.jsonl keeps) must equal those of a job of the same flags that was
@@ -85,30 +85,40 @@ signal_after_checkpoint() {  # JOB RUN [scancel options]: once RUN has a checkpo
 
 ref=$(submit reference) || die "sbatch refused the reference job"
 run=$(submit requeued) || die "sbatch refused the job to requeue"
+run_mpi=$(submit requeued-mpirun SEQREC_LAUNCHER=mpirun) || die "sbatch refused the mpirun job to requeue"
 capped=$(submit capped SEQREC_MAX_REQUEUES=0) || die "sbatch refused the capped job"
 cancelled=$(submit cancelled) || die "sbatch refused the job to cancel"
-echo "jobs: reference $ref, requeued $run, capped $capped, cancelled $cancelled"
+echo "jobs: reference $ref, requeued $run (srun) and $run_mpi (mpirun), capped $capped, cancelled $cancelled"
 # The warning Slurm sends --signal=B:USR1@N ahead of the time limit: to the batch shell only.
 signal_after_checkpoint "$run" requeued --batch --signal=USR1 || fails=$((fails + 1))
+signal_after_checkpoint "$run_mpi" requeued-mpirun --batch --signal=USR1 || fails=$((fails + 1))
 signal_after_checkpoint "$capped" capped --batch --signal=USR1 || fails=$((fails + 1))
 # A plain scancel: TERM to the batch shell and the ranks, SIGKILL KillWait (30 s) later.
 signal_after_checkpoint "$cancelled" cancelled || fails=$((fails + 1))
 
 s_run=$(wait_end "$run" 240)
+s_mpi=$(wait_end "$run_mpi" 120)
 s_ref=$(wait_end "$ref" 120)
 s_cap=$(wait_end "$capped" 60)
 s_can=$(wait_end "$cancelled" 60)
 check "the reference job completed ($s_ref)" test "$s_ref" = COMPLETED
-check "the signalled job completed after its requeue ($s_run)" test "$s_run" = COMPLETED
-check "it restarted once ($(field "$run" Restarts))" test "$(field "$run" Restarts)" = 1
-check "its first start checkpointed and requeued" grep -q "stopped with a checkpoint; requeueing (restart 1)" requeued.out
-check "its second start resumed from the checkpoint" grep -q "^\[resume\] .*requeued/checkpoints/step-" requeued.out
-check "both ran at 2 ranks" bash -c "grep -q 'ranks=2 ' requeued.out && grep -q 'ranks=2 ' reference.out"
-# Every evaluation of the two runs, but for the time it took.
+check "it ran at 2 ranks" grep -q 'ranks=2 ' reference.out
+# Every evaluation of a run, but for the time it took.
 metrics() { sed 's/,"seconds":[0-9.e+-]*//' "$1/metrics.jsonl"; }
-check "the resumed run's validations and test equal the never-stopped run's" \
-  diff <(metrics reference) <(metrics requeued)
-check "the runs tested once each" test "$(grep -c '"split":"test"' requeued/metrics.jsonl)" = 2
+for name in requeued requeued-mpirun; do
+  job=$run state=$s_run
+  [ "$name" = requeued-mpirun ] && job=$run_mpi state=$s_mpi
+  check "$name: completed after its requeue ($state)" test "$state" = COMPLETED
+  check "$name: restarted once ($(field "$job" Restarts))" test "$(field "$job" Restarts)" = 1
+  check "$name: its first start checkpointed and requeued" \
+    grep -q "stopped with a checkpoint; requeueing (restart 1)" "$name.out"
+  check "$name: its second start resumed from the checkpoint" \
+    grep -q "^\[resume\] .*$name/checkpoints/step-" "$name.out"
+  check "$name: ran at 2 ranks" grep -q 'ranks=2 ' "$name.out"
+  check "$name: its validations and test equal the never-stopped run's" \
+    diff <(metrics reference) <(metrics "$name")
+  check "$name: tested once (2 protocols)" test "$(grep -c '"split":"test"' "$name/metrics.jsonl")" = 2
+done
 check "the capped job failed with status 3 ($s_cap, $(field "$capped" ExitCode))" \
   test "$s_cap" = FAILED -a "$(field "$capped" ExitCode)" = 3:0
 check "the capped job said why it did not requeue" grep -q "requeued 0 times (SEQREC_MAX_REQUEUES): resubmit" capped.out
@@ -119,7 +129,7 @@ check "its ranks checkpointed at the TERM before Slurm's SIGKILL" \
   grep -q "^\[stop\] stop requested: checkpoint written at step" cancelled.out
 
 if [ "$fails" -gt 0 ]; then
-  for f in reference requeued capped cancelled; do
+  for f in reference requeued requeued-mpirun capped cancelled; do
     echo "--- $f.out (last 15 lines)"
     tail -n 15 "$f.out" 2> /dev/null
   done
