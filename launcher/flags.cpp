@@ -125,6 +125,9 @@ DEFINE_string(lr_schedule, "constant",
               "learning rate after the warm-up: constant, or decayed to --lr_final_ratio x --lr by the last "
               "planned step (--epochs x steps per epoch) along half a cosine (cosine) or a line (linear)");
 DEFINE_double(lr_final_ratio, 0.0, "cosine/linear: the learning rate at the last planned step, as a fraction of --lr");
+DEFINE_int64(lr_decay_from_epoch, 0,
+             "cosine/linear: the epoch the decay begins, the rate held at --lr until then (0: at the warm-up's end); "
+             "a constant-rate run resumes under a decay that begins at or after its step");
 DEFINE_int64(epochs, 200, "training epochs");
 DEFINE_int64(batch_size, 128, "sequences per rank per step (global batch = batch_size x ranks)");
 DEFINE_int64(eval_every, 1, "validate every N epochs");
@@ -200,7 +203,8 @@ const std::map<std::string, Subcommand>& subcommands() {
       {"train",
        {"train a model (data parallel under mpirun), validate, checkpoint, test the selected model",
         train_flags({"data", "out"}, {"mask_prob", "loss", "lr",
-         "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm", "warmup_steps", "lr_schedule", "lr_final_ratio", "epochs", "batch_size",
+         "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm", "warmup_steps", "lr_schedule", "lr_final_ratio",
+         "lr_decay_from_epoch", "epochs", "batch_size",
          "train_windows", "train_prefixes", "eval_every",
          "patience", "select_metric", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",
          "full_ranking", "eval_batch", "resume", "checkpoint_every", "keep_checkpoints", "expert_parallel", "replica_check_every", "max_steps",

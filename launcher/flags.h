@@ -49,6 +49,7 @@ DECLARE_double(clip_norm);
 DECLARE_int64(warmup_steps);
 DECLARE_string(lr_schedule);
 DECLARE_double(lr_final_ratio);
+DECLARE_int64(lr_decay_from_epoch);
 DECLARE_int64(epochs);
 DECLARE_int64(batch_size);
 DECLARE_int64(eval_every);

@@ -212,6 +212,9 @@ int cmd_train(dist::Comm& comm) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
+  require(FLAGS_lr_decay_from_epoch >= 0, "--lr_decay_from_epoch must be >= 0");
+  require(FLAGS_lr_decay_from_epoch == 0 || FLAGS_lr_schedule != "constant",
+          "--lr_decay_from_epoch applies to a decaying --lr_schedule (cosine or linear)");
   const std::set<std::string> metrics = {"HR@5", "HR@10", "HR@20", "NDCG@5", "NDCG@10", "NDCG@20",
                                          "MRR@5", "MRR@10", "MRR@20", "MRR"};
   require(metrics.count(FLAGS_select_metric), "--select_metric must be one of HR@k, NDCG@k, MRR@k (k = 5, 10, 20) or MRR; got '" + FLAGS_select_metric + "'");
@@ -246,6 +249,7 @@ int cmd_train(dist::Comm& comm) {
   o.warmup_steps = FLAGS_warmup_steps;
   o.lr_schedule = FLAGS_lr_schedule;
   o.lr_final_ratio = FLAGS_lr_final_ratio;
+  o.lr_decay_from_epoch = FLAGS_lr_decay_from_epoch;
   o.epochs = FLAGS_epochs;
   o.eval_every = FLAGS_eval_every;
   o.patience = FLAGS_patience;

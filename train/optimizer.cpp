@@ -90,6 +90,7 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, do
 void LrSchedule::validate() const {
   if (!(lr > 0)) throw std::invalid_argument("lr_schedule: the learning rate must be > 0");
   if (warmup_steps < 0) throw std::invalid_argument("lr_schedule: warmup_steps must be >= 0");
+  if (decay_start < 0) throw std::invalid_argument("lr_schedule: decay_start must be >= 0");
   if (kind == "constant") return;
   if (kind != "cosine" && kind != "linear")
     throw std::invalid_argument("--lr_schedule must be constant, cosine or linear; got '" + kind + "'");
@@ -102,7 +103,9 @@ double LrSchedule::at(int64_t step) const {
     return lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
   if (kind == "constant") return lr;
   if (step >= decay_end) return lr * final_ratio;
-  const double t = static_cast<double>(step - warmup_steps) / static_cast<double>(decay_end - warmup_steps);
+  const int64_t begin = decay_begin();
+  if (step < begin) return lr;
+  const double t = static_cast<double>(step - begin) / static_cast<double>(decay_end - begin);
   const double fraction = kind == "cosine" ? 0.5 * (1.0 + std::cos(std::acos(-1.0) * t)) : 1.0 - t;  // 1 -> 0
   return lr * (final_ratio + (1.0 - final_ratio) * fraction);
 }
@@ -112,7 +115,7 @@ std::string LrSchedule::describe() const {
   s.precision(6);
   s << kind << " " << lr;
   if (kind != "constant")
-    s << " -> " << lr * final_ratio << " over steps " << warmup_steps << "-" << decay_end;
+    s << " -> " << lr * final_ratio << " over steps " << decay_begin() << "-" << decay_end;
   if (warmup_steps > 0) s << ", linear warm-up over the first " << warmup_steps << " steps";
   return s.str();
 }

@@ -3,6 +3,7 @@
 // plain named tensors for checkpoints and so the update can run in place on flat buffers.
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -39,9 +40,10 @@ class Adam {
 };
 
 // The learning rate as a function of the optimizer step: a linear warm-up to `lr` over the first
-// warmup_steps steps, then `lr` held (constant), or decayed from `lr` at step warmup_steps to
-// final_ratio * lr at step decay_end by half a cosine (cosine) or a straight line (linear), and
-// held there after. decay_end is the run's planned length (epochs x steps per epoch), so a run
+// warmup_steps steps, then `lr` held (constant), or held until decay_begin() and decayed from
+// there to final_ratio * lr at step decay_end by half a cosine (cosine) or a straight line
+// (linear), and held at the floor after (a decay that begins late is the warm-up/stable/decay
+// shape: a plateaued constant-rate run annealed over its last epochs). decay_end is the run's planned length (epochs x steps per epoch), so a run
 // that stops early by patience never reaches the floor; a warm-up that outlasts it goes straight
 // to the floor (the trainer warns).
 struct LrSchedule {
@@ -50,11 +52,14 @@ struct LrSchedule {
   std::string kind = "constant";  // constant | cosine | linear
   double final_ratio = 0.0;       // the floor, as a fraction of lr (cosine, linear)
   int64_t decay_end = 0;          // the step where the decay reaches the floor (cosine, linear)
+  int64_t decay_start = 0;        // the step the decay begins at the earliest (the warm-up's end if later)
+
+  int64_t decay_begin() const { return std::max(warmup_steps, decay_start); }
 
   // Throws std::invalid_argument naming the field: an unknown kind, a ratio outside [0, 1].
   void validate() const;
   // Whether a decaying schedule has steps to decay over after the warm-up.
-  bool decays() const { return kind != "constant" && decay_end > warmup_steps; }
+  bool decays() const { return kind != "constant" && decay_end > decay_begin(); }
   double at(int64_t step) const;
   // "constant 0.001", "cosine 0.001 -> 1e-05 over steps 100-13600", with the warm-up when there
   // is one; equal texts mean equal schedules (resume compares them).

@@ -159,6 +159,7 @@ LrSchedule lr_schedule_of(const TrainOptions& o, int64_t steps_per_epoch) {
   s.kind = o.lr_schedule;
   s.final_ratio = o.lr_final_ratio;
   s.decay_end = o.epochs * steps_per_epoch;
+  s.decay_start = o.lr_decay_from_epoch * steps_per_epoch;
   s.validate();
   return s;
 }
@@ -652,15 +653,21 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
     // A decaying schedule is planned over the run's epochs: resuming under another plan (say a
     // raised --epochs) would jump the learning rate, so it is refused rather than silently taken.
     // Two constant rates may differ (as before the key existed); checkpoints written before it
-    // trained at a constant rate.
+    // trained at a constant rate. A constant-rate run may go on under a decay that begins at or
+    // after its step (--lr_decay_from_epoch): up to there the rate is the constant one.
     const std::string saved_schedule =
         s.meta.count("lr_schedule") ? s.value("lr_schedule") : "constant (written before --lr_schedule existed)";
-    if ((schedule.kind != "constant" || saved_schedule.rfind("constant", 0) != 0) &&
-        saved_schedule != schedule.describe())
+    const bool saved_constant = saved_schedule.rfind("constant", 0) == 0;
+    const bool continues = saved_constant && (schedule.kind == "constant" || schedule.decay_begin() >= p.step);
+    if (!continues && saved_schedule != schedule.describe())
       throw std::runtime_error(*resume_from + " was trained with the learning-rate schedule '" + saved_schedule +
                                "'; this run's flags give '" + schedule.describe() +
-                               "': resume with the saved run's --lr, --lr_schedule, --lr_final_ratio, --warmup_steps "
-                               "and --epochs (or start a new --out)");
+                               "': resume with the saved run's --lr, --lr_schedule, --lr_final_ratio, --warmup_steps, "
+                               "--lr_decay_from_epoch and --epochs" +
+                               (saved_constant ? ", or with a decay that begins at or after its step " +
+                                                     std::to_string(p.step) + " (--lr_decay_from_epoch)"
+                                               : std::string()) +
+                               " (or start a new --out)");
     // The cursor counts global batches of the saved run's size: with another global batch
     // (world size or per-rank batch changed) continue the epoch from the same example offset.
     // Checkpoints written before the key existed held the per-rank batch of this configuration.
@@ -718,9 +725,13 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
   if (const auto own = models::own_options_text(mo); !own.empty()) log.line("[setup] " + mo.model + ": " + own);
   log.line("[setup] learning rate: " + schedule.describe());
   if (schedule.kind != "constant" && !schedule.decays())
-    log.line("[setup] warning: the " + std::to_string(schedule.warmup_steps) + " warm-up steps outlast the run's " +
-             std::to_string(schedule.decay_end) + " planned steps (--epochs x steps per epoch), so the " + schedule.kind +
-             " decay never runs; lower --warmup_steps or raise --epochs");
+    log.line("[setup] warning: " +
+             (schedule.decay_start > schedule.warmup_steps
+                  ? "the decay would begin at step " + std::to_string(schedule.decay_start) + " (--lr_decay_from_epoch " +
+                        std::to_string(o.lr_decay_from_epoch) + "), at or past"
+                  : "the " + std::to_string(schedule.warmup_steps) + " warm-up steps outlast") +
+             " the run's " + std::to_string(schedule.decay_end) + " planned steps (--epochs x steps per epoch), so the " +
+             schedule.kind + " decay never runs; lower --warmup_steps or --lr_decay_from_epoch, or raise --epochs");
   log.line("[setup] model selection: valid " + o.select_metric + " under \"" + o.select_protocol.describe() + "\"");
   if (fault.step > 0) {
     if (fault.rank >= world)

@@ -34,6 +34,7 @@ struct TrainOptions {
   int64_t warmup_steps = 0;         // linear LR warm-up
   std::string lr_schedule = "constant";  // after the warm-up: constant | cosine | linear decay
   double lr_final_ratio = 0.0;      // cosine/linear: the lr at the last planned step, as a fraction of lr
+  int64_t lr_decay_from_epoch = 0;  // cosine/linear: the decay begins here (0: at the warm-up's end)
   int64_t epochs = 200;
   int64_t eval_every = 1;           // validate every N epochs
   int64_t patience = 0;             // stop after N validations without improvement; 0 = never

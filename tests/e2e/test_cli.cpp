@@ -269,6 +269,16 @@ TEST_F(Cli, LrScheduleDecaysResumesExactlyAndMustMatch) {
   EXPECT_TRUE(contains(r.output, "was trained with the learning-rate schedule 'cosine 0.01 -> 0.001 over steps 0-20'"))
       << r.output;
   EXPECT_TRUE(contains(r.output, "this run's flags give 'cosine 0.01 -> 0.001 over steps 0-30'")) << r.output;
+  // The constant run (stopped at step 14) goes on under a decay that begins at or after its step,
+  // not under one that began before it (the rate would jump).
+  const std::string anneal = common + "--lr 0.01 --lr_schedule linear --resume auto --out " + c;
+  auto early = run_seqrec(anneal + " --lr_decay_from_epoch 1 --epochs 4", 300);
+  EXPECT_NE(early.code, 0) << early.output;
+  EXPECT_TRUE(contains(early.output, "or with a decay that begins at or after its step 14 (--lr_decay_from_epoch)"))
+      << early.output;
+  auto late = run_seqrec(anneal + " --lr_decay_from_epoch 2 --epochs 4", 300);
+  ASSERT_EQ(late.code, 0) << late.output;
+  EXPECT_TRUE(contains(late.output, "[setup] learning rate: linear 0.01 -> 0 over steps 20-40")) << late.output;
 }
 
 // --train_prefixes with the last-slot objective (RecBole's and the released LinRec code's
@@ -670,6 +680,8 @@ TEST_F(Cli, InvalidFlagsGetAClearErrorAndExitCode) {
       {t + "--loss hinge", "--loss must be"},
       {t + "--lr_schedule step", "--lr_schedule must be constant, cosine or linear; got 'step'"},
       {t + "--lr_schedule cosine --lr_final_ratio 2", "--lr_final_ratio must be in [0, 1]"},
+      {t + "--lr_decay_from_epoch 5", "--lr_decay_from_epoch applies to a decaying --lr_schedule (cosine or linear)"},
+      {t + "--lr_schedule cosine --lr_decay_from_epoch -1", "--lr_decay_from_epoch must be >= 0"},
       {t + "--no_such_flag 1", "no_such_flag"},
       {t + "--select_metric AUC", "--select_metric"},
       {t + "--host_allocator tcmalloc", "--host_allocator must be 'caching' or 'system', got 'tcmalloc'"},

@@ -141,4 +141,33 @@ TEST(LrSchedule, BadSettingsAreNamed) {
   EXPECT_DOUBLE_EQ(s.at(100), 0.0);
 }
 
+// A decay that begins late: the rate held at lr up to decay_start, then the decay over the rest.
+TEST(LrSchedule, DecayBeginsLateAndNeverBeforeTheWarmUpEnds) {
+  LrSchedule s;
+  s.lr = 0.01;
+  s.kind = "linear";
+  s.decay_start = 50;
+  s.decay_end = 150;
+  s.validate();
+  EXPECT_TRUE(s.decays());
+  EXPECT_DOUBLE_EQ(s.at(0), 0.01);
+  EXPECT_DOUBLE_EQ(s.at(49), 0.01);
+  EXPECT_DOUBLE_EQ(s.at(50), 0.01) << "the decay starts at the full rate";
+  EXPECT_NEAR(s.at(100), 0.005, 1e-15);
+  EXPECT_NEAR(s.at(125), 0.0025, 1e-15);
+  EXPECT_NEAR(s.at(150), 0.0, 1e-15);
+  EXPECT_EQ(s.describe(), "linear 0.01 -> 0 over steps 50-150");
+  // A warm-up that ends later than decay_start delays the decay to the warm-up's end.
+  s.warmup_steps = 80;
+  EXPECT_EQ(s.decay_begin(), 80);
+  EXPECT_DOUBLE_EQ(s.at(79), 0.01);
+  EXPECT_NEAR(s.at(115), 0.005, 1e-15);
+  // A decay planned to begin at or past the end never runs.
+  s.warmup_steps = 0;
+  s.decay_start = 150;
+  EXPECT_FALSE(s.decays());
+  s.decay_start = -1;
+  EXPECT_THROW(s.validate(), std::invalid_argument);
+}
+
 }  // namespace
