@@ -207,14 +207,13 @@ int cmd_train(dist::Comm& comm) {
   require(FLAGS_expert_parallel >= 1, "--expert_parallel must be >= 1");
   require(FLAGS_checkpoint_every >= 0 && FLAGS_max_steps >= 0 && FLAGS_warmup_steps >= 0,
           "--checkpoint_every, --max_steps and --warmup_steps must be >= 0");
-  try {  // the schedule's own rules, before anything is written (its length needs the data)
-    train::LrSchedule{FLAGS_lr, FLAGS_warmup_steps, FLAGS_lr_schedule, FLAGS_lr_final_ratio}.validate();
+  try {  // the schedule's own rules, before anything is written (its length needs the data: the
+         // decay's end is left 0 and its start given in epochs, whose sign and zero are the steps')
+    train::LrSchedule{FLAGS_lr, FLAGS_warmup_steps, FLAGS_lr_schedule, FLAGS_lr_final_ratio, 0, FLAGS_lr_decay_from_epoch}
+        .validate();
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  require(FLAGS_lr_decay_from_epoch >= 0, "--lr_decay_from_epoch must be >= 0");
-  require(FLAGS_lr_decay_from_epoch == 0 || FLAGS_lr_schedule != "constant",
-          "--lr_decay_from_epoch applies to a decaying --lr_schedule (cosine or linear)");
   const std::set<std::string> metrics = {"HR@5", "HR@10", "HR@20", "NDCG@5", "NDCG@10", "NDCG@20",
                                          "MRR@5", "MRR@10", "MRR@20", "MRR"};
   require(metrics.count(FLAGS_select_metric), "--select_metric must be one of HR@k, NDCG@k, MRR@k (k = 5, 10, 20) or MRR; got '" + FLAGS_select_metric + "'");

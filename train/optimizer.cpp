@@ -90,8 +90,12 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, do
 void LrSchedule::validate() const {
   if (!(lr > 0)) throw std::invalid_argument("lr_schedule: the learning rate must be > 0");
   if (warmup_steps < 0) throw std::invalid_argument("lr_schedule: warmup_steps must be >= 0");
-  if (decay_start < 0) throw std::invalid_argument("lr_schedule: decay_start must be >= 0");
-  if (kind == "constant") return;
+  if (decay_start < 0) throw std::invalid_argument("--lr_decay_from_epoch must be >= 0");
+  if (kind == "constant") {
+    if (decay_start > 0)
+      throw std::invalid_argument("--lr_decay_from_epoch applies to a decaying --lr_schedule (cosine or linear)");
+    return;
+  }
   if (kind != "cosine" && kind != "linear")
     throw std::invalid_argument("--lr_schedule must be constant, cosine or linear; got '" + kind + "'");
   if (!(final_ratio >= 0 && final_ratio <= 1))

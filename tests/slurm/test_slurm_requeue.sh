@@ -62,12 +62,11 @@ submit() {  # submit NAME [env assignments]: the job id
   sbatch --parsable -O --ntasks-per-node=2 --job-name="$name" --chdir="$work" --output="$work/$name.out" \
     --export="ALL,SEQREC_BIN=$bin${1:+,$1}" "$sbatch_script" "${flags[@]}" --out "$work/$name"
 }
-state() { scontrol show job "$1" 2> /dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
 field() { scontrol show job "$1" 2> /dev/null | grep -o "$2=[^ ]*" | head -n 1 | cut -d= -f2; }
 wait_end() {  # wait_end JOB SECONDS: the final state, or TIMEOUT
   local s
   for ((i = 0; i < $2; ++i)); do
-    s=$(state "$1")
+    s=$(field "$1" JobState)
     case "$s" in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY) echo "$s"; return ;; esac
     sleep 1
   done
@@ -75,11 +74,9 @@ wait_end() {  # wait_end JOB SECONDS: the final state, or TIMEOUT
 }
 signal_after_checkpoint() {  # JOB RUN [scancel options]: once RUN has a checkpoint, signal JOB
   local job=$1 name=$2; shift 2
-  for ((i = 0; i < 600; ++i)); do
-    ls "$work/$name/checkpoints" 2> /dev/null | grep -q step- && break
-    sleep 0.1
-  done
-  ls "$work/$name/checkpoints" 2> /dev/null | grep -q step- || { echo "no checkpoint in $name after 60 s"; return 1; }
+  has_checkpoint() { ls "$work/$name/checkpoints" 2> /dev/null | grep -q step-; }
+  for ((i = 0; i < 600; ++i)); do has_checkpoint && break; sleep 0.1; done
+  has_checkpoint || { echo "no checkpoint in $name after 60 s"; return 1; }
   scancel "$@" "$job"
 }
 
