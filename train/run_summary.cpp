@@ -255,6 +255,9 @@ struct RunFacts {
   }
 
   bool tested() const { return !test_line.empty(); }
+  // Tested, with its last progress line in the last epoch it planned: a run that --patience did
+  // not stop short (one it stopped at its last epoch would have stopped there anyway).
+  bool trained_every_epoch() const { return tested() && epochs > 0 && last_epoch == epochs; }
 
   // failed, finished, stopped, or in progress (which an interrupted run also looks like:
   // "unfinished" in one word); with the reason the log gives, or in one word.
@@ -530,6 +533,9 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
     std::vector<std::string> keys;
     for (const auto& k : recorded) {
       if (std::find(kExecution.begin(), kExecution.end(), k) != kExecution.end()) continue;
+      // Selection looks at every validation whatever the patience; the patience only ends a run
+      // early, so two runs that both trained every epoch they planned differ by it in nothing.
+      if (k == "patience" && a.trained_every_epoch() && b.trained_every_epoch()) continue;
       const std::string *x = value(a, k), *y = value(b, k);
       if (x && y && *x != *y) keys.push_back(k);
     }
@@ -552,13 +558,6 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
         return opt.models.empty() || std::find(opt.models.begin(), opt.models.end(), model) != opt.models.end();
     return true;  // not a model option: a setting every run has
   };
-  const auto label = [&](const RunFacts& f) {
-    std::string named;
-    for (const auto& k : differing)
-      if (const std::string* v = value(f, k); v && reads(f.model, k))
-        named += (named.empty() ? "" : ", ") + k + "=" + *v;
-    return (f.model.empty() ? std::string("?") : f.model) + (named.empty() ? "" : " (" + named + ")");
-  };
   std::vector<int> group(runs.size(), -1);
   int groups = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
@@ -568,6 +567,25 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
       if (group[j] < 0 && alike(runs[i], runs[j])) group[j] = groups;
     ++groups;
   }
+  // A group's name: its model and the differing flags on which all its members agree (runs alike
+  // but for the patience, say, that stopped none of them, keep their patience out of the name).
+  const auto label = [&](int g) {
+    std::vector<size_t> members;
+    for (size_t i = 0; i < runs.size(); ++i)
+      if (group[i] == g) members.push_back(i);
+    const RunFacts& f = runs[members.front()];
+    std::string named;
+    for (const auto& k : differing) {
+      const std::string* v = value(f, k);
+      bool agreed = v != nullptr && reads(f.model, k);
+      for (size_t i : members) {
+        const std::string* w = value(runs[i], k);
+        agreed = agreed && (!w || *w == *v);  // a flag a run does not record is not compared
+      }
+      if (agreed) named += (named.empty() ? "" : ", ") + k + "=" + *v;
+    }
+    return (f.model.empty() ? std::string("?") : f.model) + (named.empty() ? "" : " (" + named + ")");
+  };
   bool any = false;
   for (int g = 0; g < groups; ++g) {
     std::vector<size_t> members, tested;
@@ -581,7 +599,7 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
     any = true;
     std::string seeds;
     for (size_t i : tested) seeds += (seeds.empty() ? "" : ", ") + (runs[i].flags.count("seed") ? runs[i].flags.at("seed") : "?");
-    out << "  " << label(runs[members[0]]) << ", " << members.size() << " runs, " << tested.size() << " finished"
+    out << "  " << label(g) << ", " << members.size() << " runs, " << tested.size() << " finished"
         << (tested.empty() ? "" : " (seeds " + seeds + ")");
     if (tested.size() < 2) {
       out << ": too few finished runs for a spread\n";
@@ -607,9 +625,7 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
   // of the mean difference. A seed finished twice in one group pairs nothing.
   std::vector<std::map<std::string, size_t>> by_seed(groups);
   std::vector<std::set<std::string>> repeated(groups);
-  std::vector<size_t> first(groups, runs.size());
   for (size_t i = 0; i < runs.size(); ++i) {
-    first[group[i]] = std::min(first[group[i]], i);
     if (!runs[i].tested() || !runs[i].flags.count("seed")) continue;
     const std::string& seed = runs[i].flags.at("seed");
     if (!by_seed[group[i]].emplace(seed, i).second) repeated[group[i]].insert(seed);
@@ -635,7 +651,7 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
       paired = true;
       std::string seeds;
       for (const auto& p : pairs) seeds += (seeds.empty() ? "" : ", ") + p.first;
-      out << "  " << label(runs[first[h]]) << " minus " << label(runs[first[g]]) << " (seeds " << seeds << "):";
+      out << "  " << label(h) << " minus " << label(g) << " (seeds " << seeds << "):";
       bool any_column = false;
       for (size_t c = same_selection ? 0 : 1; c < values[0].size(); ++c) {
         std::vector<double> ds;

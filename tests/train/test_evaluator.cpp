@@ -477,6 +477,39 @@ TEST(RunSummary, PairsGroupsBySeed) {
       << none;
 }
 
+// --patience ends a run early and nothing else (selection looks at every validation), so runs
+// that differ in it are alike where it stopped none of them: each trained every epoch it planned.
+// A run it stopped short stays apart, named by its patience; a group is named only by the flags
+// its members agree on.
+TEST(RunSummary, APatienceThatStoppedNoRunSplitsNoGroup) {
+  FakeRuns farm("seqrec-run-patience");
+  const auto run = [&](const std::string& name, const std::string& flags, int last_epoch, double test,
+                       const std::string& model = "sasrec") {
+    const std::string dir = farm.make(name, "model=" + model + "\nepochs=10\n" + flags, 0.62, test);
+    std::ofstream(std::filesystem::path(dir) / "train.log", std::ios::app)
+        << "[train] epoch " << last_epoch << "/10 step " << 10 * last_epoch << " loss 1.0 lr 0.001\n";
+    return dir;
+  };
+  const std::string a42 = run("a42", "seed=42\npatience=10\n", 10, 0.60), a43 = run("a43", "seed=43\npatience=0\n", 10, 0.62);
+  const std::string b42 = run("b42", "seed=42\npatience=0\n", 10, 0.59, "linrec");
+  const std::string b43 = run("b43", "seed=43\npatience=0\n", 10, 0.60, "linrec");
+  std::string text = train::compare_runs({a42, a43, b42, b43}, {"NDCG@10"});
+  EXPECT_NE(text.find("  sasrec, 2 runs, 2 finished (seeds 42, 43): valid 0.6200 +- 0.0000; [1] NDCG@10 0.6100 +- 0.0141"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("  linrec minus sasrec (seeds 42, 43):"), std::string::npos) << text;
+  // Stopped by its patience at epoch 7 of 10: its own group, named by it; the two that trained
+  // every epoch disagree on the patience, so their group's name leaves it out.
+  const std::string a44 = run("a44", "seed=44\npatience=5\n", 7, 0.61), a45 = run("a45", "seed=45\npatience=5\n", 7, 0.63);
+  text = train::compare_runs({a42, a43, a44, a45}, {"NDCG@10"});
+  EXPECT_NE(text.find("  sasrec, 2 runs, 2 finished (seeds 42, 43):"), std::string::npos) << text;
+  EXPECT_NE(text.find("  sasrec (patience=5), 2 runs, 2 finished (seeds 44, 45):"), std::string::npos) << text;
+  // Unfinished (not yet tested), a run's patience may still stop it: apart as well.
+  const std::string a46 = run("a46", "seed=46\npatience=3\n", 10, -1);
+  text = train::compare_runs({a42, a43, a46}, {"NDCG@10"});
+  EXPECT_EQ(text.find("  sasrec, 3 runs"), std::string::npos) << text;
+  EXPECT_NE(text.find("  sasrec, 2 runs, 2 finished (seeds 42, 43):"), std::string::npos) << text;
+}
+
 // A flag that a run's flags.txt lacks (the run predates it) is taken at its default: such runs
 // group with runs that set the default and apart from runs that set another value, and the
 // groups are named by it. Without the defaults the flag is not compared, so all are one group.
