@@ -62,7 +62,8 @@ struct LrSchedule {
   bool decays() const { return kind != "constant" && decay_end > decay_begin(); }
   double at(int64_t step) const;
   // "constant 0.001", "cosine 0.001 -> 1e-05 over steps 100-13600", with the warm-up when there
-  // is one; equal texts mean equal schedules (resume compares them).
+  // is one; equal texts mean equal schedules (resume compares them). A decay that never runs
+  // within the run is "constant 0.001 (the linear decay planned from step ... )".
   std::string describe() const;
 };
 

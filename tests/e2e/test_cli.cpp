@@ -279,6 +279,18 @@ TEST_F(Cli, LrScheduleDecaysResumesExactlyAndMustMatch) {
   auto late = run_seqrec(anneal + " --lr_decay_from_epoch 2 --epochs 4", 300);
   ASSERT_EQ(late.code, 0) << late.output;
   EXPECT_TRUE(contains(late.output, "[setup] learning rate: linear 0.01 -> 0 over steps 20-40")) << late.output;
+  // A run planned with a decay that begins past its end (a config's anneal under a shorter
+  // --epochs) trains at the constant rate, says so, and goes on under the decay later.
+  const std::string d = dir("anneal-later");
+  const std::string planned = common + "--lr 0.01 --lr_schedule linear --lr_decay_from_epoch 2 --out " + d;
+  auto first = run_seqrec(planned + " --epochs 1", 300);
+  ASSERT_EQ(first.code, 0) << first.output;
+  EXPECT_TRUE(contains(first.output, "[setup] learning rate: constant 0.01 (the linear decay planned from step 20 "
+                                     "begins at or after the run's end, step 10)"))
+      << first.output;
+  auto then = run_seqrec(planned + " --epochs 4 --resume auto", 300);
+  ASSERT_EQ(then.code, 0) << then.output;
+  EXPECT_TRUE(contains(then.output, "[setup] learning rate: linear 0.01 -> 0 over steps 20-40")) << then.output;
 }
 
 // --train_prefixes with the last-slot objective (RecBole's and the released LinRec code's

@@ -166,6 +166,10 @@ TEST(LrSchedule, DecayBeginsLateAndNeverBeforeTheWarmUpEnds) {
   s.warmup_steps = 0;
   s.decay_start = 150;
   EXPECT_FALSE(s.decays());
+  EXPECT_DOUBLE_EQ(s.at(149), 0.01);
+  // Over the run's steps that is the constant rate, and it is described as one, so that a run
+  // resumed to go on under the decay counts as a constant-rate run continued.
+  EXPECT_EQ(s.describe(), "constant 0.01 (the linear decay planned from step 150 begins at or after the run's end, step 150)");
   s.decay_start = -1;
   EXPECT_THROW(s.validate(), std::invalid_argument);
 }
