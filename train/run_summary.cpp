@@ -563,8 +563,15 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
   for (size_t i = 0; i < runs.size(); ++i) {
     if (group[i] >= 0) continue;
     group[i] = groups;
-    for (size_t j = i + 1; j < runs.size(); ++j)
-      if (group[j] < 0 && alike(runs[i], runs[j])) group[j] = groups;
+    // Alike with every run already in the group, not only its first: likeness is not transitive
+    // once a patience that stopped neither of two runs is set aside.
+    for (size_t j = i + 1; j < runs.size(); ++j) {
+      if (group[j] >= 0) continue;
+      bool all = true;
+      for (size_t m = i; m < j && all; ++m)
+        if (group[m] == groups) all = alike(runs[m], runs[j]);
+      if (all) group[j] = groups;
+    }
     ++groups;
   }
   // A group's name: its model and the differing flags on which all its members agree (runs alike

@@ -503,6 +503,13 @@ TEST(RunSummary, APatienceThatStoppedNoRunSplitsNoGroup) {
   text = train::compare_runs({a42, a43, a44, a45}, {"NDCG@10"});
   EXPECT_NE(text.find("  sasrec, 2 runs, 2 finished (seeds 42, 43):"), std::string::npos) << text;
   EXPECT_NE(text.find("  sasrec (patience=5), 2 runs, 2 finished (seeds 44, 45):"), std::string::npos) << text;
+  // Stopped short by a patience of 10, a run is alike with the finished run of patience 10, not
+  // with the one of patience 0 (which that patience might have stopped too): it joins no group
+  // holding both.
+  const std::string a47 = run("a47", "seed=47\npatience=10\n", 7, 0.58);
+  text = train::compare_runs({a42, a43, a47}, {"NDCG@10"});
+  EXPECT_EQ(text.find("  sasrec, 3 runs"), std::string::npos) << text;
+  EXPECT_NE(text.find("  sasrec, 2 runs, 2 finished (seeds 42, 43):"), std::string::npos) << text;
   // Unfinished (not yet tested), a run's patience may still stop it: apart as well.
   const std::string a46 = run("a46", "seed=46\npatience=3\n", 10, -1);
   text = train::compare_runs({a42, a43, a46}, {"NDCG@10"});
@@ -512,7 +519,7 @@ TEST(RunSummary, APatienceThatStoppedNoRunSplitsNoGroup) {
 
 // A flag that a run's flags.txt lacks (the run predates it) is taken at its default: such runs
 // group with runs that set the default and apart from runs that set another value, and the
-// groups are named by it. Without the defaults the flag is not compared, so all are one group.
+// groups are named by it. Without the defaults it is compared only between runs that record it.
 TEST(RunSummary, FlagsARunPredatesTakeTheirDefaults) {
   FakeRuns farm("seqrec-run-defaults");
   std::vector<std::string> dirs;
@@ -536,7 +543,10 @@ TEST(RunSummary, FlagsARunPredatesTakeTheirDefaults) {
   EXPECT_NE(text.find("  sasrec, 2 runs, 2 finished"), std::string::npos) << text;
   EXPECT_NE(text.find("  sasrec minus linrec (linrec_pad_keys=false) (seeds 42, 43)"), std::string::npos) << text;
   const std::string blind = train::compare_runs(dirs, {"NDCG@10"});
-  EXPECT_NE(blind.find("  linrec, 5 runs, 5 finished"), std::string::npos) << blind;
+  // Without the defaults a flag a run does not record is not compared: the old runs join the
+  // group of the runs that set it on (they are alike with each of its runs), and the run that set
+  // it off stays apart from those.
+  EXPECT_NE(blind.find("  linrec, 4 runs, 4 finished (seeds 42, 42, 43, 43)"), std::string::npos) << blind;
   EXPECT_EQ(blind.find("  sasrec minus linrec"), std::string::npos) << "seeds 42 and 43 twice in a group pair nothing";
 }
 
