@@ -117,16 +117,15 @@ double LrSchedule::at(int64_t step) const {
 std::string LrSchedule::describe() const {
   std::ostringstream s;
   s.precision(6);
-  if (kind == "constant" || decays()) {
-    s << kind << " " << lr;
-    if (kind != "constant") s << " -> " << lr * final_ratio << " over steps " << decay_begin() << "-" << decay_end;
-  } else {
-    // A decay planned to begin at or past the run's end never runs: over the run's steps the rate
-    // is the constant one, and it is named so (a run resumed to go on under the decay is then a
-    // constant-rate run continued, as the trainer allows).
+  if (kind == "constant")
+    s << "constant " << lr;
+  else if (decays())
+    s << kind << " " << lr << " -> " << lr * final_ratio << " over steps " << decay_begin() << "-" << decay_end;
+  else  // a decay planned to begin at or past the run's end never runs: over the run's steps the
+        // rate is the constant one, and it is named so (a run resumed to go on under the decay is
+        // then a constant-rate run continued, as the trainer allows)
     s << "constant " << lr << " (the " << kind << " decay planned from step " << decay_begin()
       << " begins at or after the run's end, step " << decay_end << ")";
-  }
   if (warmup_steps > 0) s << ", linear warm-up over the first " << warmup_steps << " steps";
   return s.str();
 }

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <set>
@@ -558,34 +559,32 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
         return opt.models.empty() || std::find(opt.models.begin(), opt.models.end(), model) != opt.models.end();
     return true;  // not a model option: a setting every run has
   };
+  // Groups, each its runs in order: a run joins the first group with each of whose runs it is
+  // alike, not only its first (likeness is not transitive once a patience that stopped neither of
+  // two runs is set aside).
   std::vector<int> group(runs.size(), -1);
-  int groups = 0;
+  std::vector<std::vector<size_t>> members_of;
   for (size_t i = 0; i < runs.size(); ++i) {
     if (group[i] >= 0) continue;
-    group[i] = groups;
-    // Alike with every run already in the group, not only its first: likeness is not transitive
-    // once a patience that stopped neither of two runs is set aside.
-    for (size_t j = i + 1; j < runs.size(); ++j) {
-      if (group[j] >= 0) continue;
-      bool all = true;
-      for (size_t m = i; m < j && all; ++m)
-        if (group[m] == groups) all = alike(runs[m], runs[j]);
-      if (all) group[j] = groups;
-    }
-    ++groups;
+    group[i] = static_cast<int>(members_of.size());
+    members_of.push_back({i});
+    for (size_t j = i + 1; j < runs.size(); ++j)
+      if (group[j] < 0 && std::all_of(members_of.back().begin(), members_of.back().end(),
+                                      [&](size_t m) { return alike(runs[m], runs[j]); })) {
+        group[j] = group[i];
+        members_of.back().push_back(j);
+      }
   }
+  const int groups = static_cast<int>(members_of.size());
   // A group's name: its model and the differing flags on which all its members agree (runs alike
   // but for the patience, say, that stopped none of them, keep their patience out of the name).
   const auto label = [&](int g) {
-    std::vector<size_t> members;
-    for (size_t i = 0; i < runs.size(); ++i)
-      if (group[i] == g) members.push_back(i);
-    const RunFacts& f = runs[members.front()];
+    const RunFacts& f = runs[members_of[g].front()];
     std::string named;
     for (const auto& k : differing) {
       const std::string* v = value(f, k);
       bool agreed = v != nullptr && reads(f.model, k);
-      for (size_t i : members) {
+      for (size_t i : members_of[g]) {
         const std::string* w = value(runs[i], k);
         agreed = agreed && (!w || *w == *v);  // a flag a run does not record is not compared
       }
@@ -595,12 +594,9 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
   };
   bool any = false;
   for (int g = 0; g < groups; ++g) {
-    std::vector<size_t> members, tested;
-    for (size_t i = 0; i < runs.size(); ++i)
-      if (group[i] == g) {
-        members.push_back(i);
-        if (runs[i].tested()) tested.push_back(i);
-      }
+    const std::vector<size_t>& members = members_of[g];
+    std::vector<size_t> tested;
+    std::copy_if(members.begin(), members.end(), std::back_inserter(tested), [&](size_t i) { return runs[i].tested(); });
     if (members.size() < 2) continue;
     if (!any) out << "alike but for the seed (mean +- sample standard deviation over the finished runs):\n";
     any = true;
