@@ -1,7 +1,10 @@
 #include "launcher/flags.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <map>
 #include <stdexcept>
 #include <vector>
@@ -275,14 +278,33 @@ void check_flags_apply(const std::string& cmd) {
 }
 
 std::string effective_flags_text(const std::string& cmd) {
-  std::string out;
+  // A flagfile as gflags reads it, so that the run can be repeated or continued from it.
+  std::string out = "# the effective flags of 'seqrec " + cmd + "', a flagfile: repeat or continue the run with\n#   seqrec " +
+                    cmd + " --flagfile RUN/flags.txt" + (cmd == "train" ? " --resume auto" : "") + "\n";
   std::vector<std::string> names = subcommands().at(cmd).flags;
   std::sort(names.begin(), names.end());
   for (auto& n : names) {
     std::string value;
-    if (gflags::GetCommandLineOption(n.c_str(), &value)) out += n + "=" + value + "\n";
+    if (gflags::GetCommandLineOption(n.c_str(), &value)) out += "--" + n + "=" + value + "\n";
   }
   return out;
+}
+
+std::string flagfile_problem(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return "--flagfile " + path + ": cannot be read (" + std::strerror(errno) + ")";
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    const auto first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos || line[first] == '#' || line[first] == '-') continue;
+    // gflags would take such a line for a list of program names and skip every flag after it.
+    return "--flagfile " + path + ", line " + std::to_string(n) + ": '" + line.substr(first) +
+           "' is not a --flag=value line" +
+           (line.find('=') != std::string::npos ? " (a run's flags.txt written before 2026-12-06 lists name=value: "
+                                                  "prefix each line with --)"
+                                                : "");
+  }
+  return "";
 }
 
 }  // namespace seqrec

@@ -88,7 +88,12 @@ void print_usage(const std::string& cmd);
 void check_flags_apply(const std::string& cmd);
 // "" or the first variant option changed from its default under another --model.
 std::string model_flags_problem(const std::string& model);
-// "name=value" lines of every flag `cmd` uses, sorted: the run's effective configuration.
+// "--name=value" lines of every flag `cmd` uses, sorted, under a comment: the run's effective
+// configuration, itself a flagfile (a run's flags.txt).
 std::string effective_flags_text(const std::string& cmd);
+// "" or what makes `path` unfit as a --flagfile: it cannot be read, or a line is neither a --flag,
+// a # comment nor blank (gflags would read it as a program-name filter and silently skip the
+// flags after it).
+std::string flagfile_problem(const std::string& path);
 
 }  // namespace seqrec

@@ -403,6 +403,19 @@ int main(int argc, char** argv) {
     }
     args.push_back(argv[i]);
   }
+  for (int i = 2; i < argc; ++i) {  // --flagfile FILE or --flagfile=FILE, before gflags reads them
+    const std::string a = argv[i];
+    std::string file;
+    for (const char* name : {"--flagfile", "-flagfile"}) {
+      if (a == name && i + 1 < argc) file = argv[i + 1];
+      if (a.rfind(std::string(name) + "=", 0) == 0) file = a.substr(std::string(name).size() + 1);
+    }
+    if (file.empty()) continue;
+    if (auto problem = flagfile_problem(file); !problem.empty()) {
+      std::fprintf(stderr, "seqrec %s: %s\n", cmd.c_str(), problem.c_str());
+      return kUsageError;
+    }
+  }
   int n = static_cast<int>(args.size());
   char** av = args.data();
   gflags::SetUsageMessage("seqrec " + cmd + " [flags]; seqrec " + cmd + " --help lists them");

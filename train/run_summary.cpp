@@ -344,7 +344,8 @@ RunFacts read_run(const std::string& dir) {
   {
     std::ifstream in(fs::path(dir) / "flags.txt");
     std::string line;
-    while (std::getline(in, line)) {
+    while (std::getline(in, line)) {  // --name=value (name=value before 2026-12-06), # comments
+      if (starts_with(line, "#")) continue;
       if (starts_with(line, "--")) line.erase(0, 2);
       const auto eq = line.find('=');
       if (eq != std::string::npos) f.flags[line.substr(0, eq)] = line.substr(eq + 1);

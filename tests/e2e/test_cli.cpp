@@ -830,6 +830,42 @@ TEST_F(Cli, FlagfileReproducesTheFlags) {
   EXPECT_TRUE(contains(r.output, "--max_len must be > 0")) << r.output;
 }
 
+// A run's flags.txt is itself a flagfile: the run continues from it with nothing retyped but the
+// resume and a new budget, and ends where the run never stopped ends. A flagfile with name=value
+// lines (flags.txt before 2026-12-06) is refused by name: gflags would skip the flags silently.
+TEST_F(Cli, RunFlagsFileContinuesTheRun) {
+  const std::string whole = dir("flagsfile-whole"), split = dir("flagsfile-split");
+  const std::string common =
+      "train --data " + data() + " " + kTrainSmall + "--epochs 5 --final_test=false --lr 0.003 --dropout 0.3 ";
+  auto w = run_seqrec(common + "--out " + whole + " --max_steps 14", 300);
+  ASSERT_EQ(w.code, 0) << w.output;
+  auto a = run_seqrec(common + "--out " + split + " --max_steps 6", 300);
+  ASSERT_EQ(a.code, 0) << a.output;
+  const std::string flags = read_file(split + "/flags.txt");
+  EXPECT_EQ(flags.rfind("# ", 0), 0u) << flags;
+  EXPECT_TRUE(contains(flags, "\n--data=" + data() + "\n")) << flags;
+  auto b = run_seqrec("train --flagfile " + split + "/flags.txt --resume auto --max_steps 14 --threads 1", 300);
+  ASSERT_EQ(b.code, 0) << b.output;
+  EXPECT_TRUE(contains(b.output, "[resume]")) << b.output;
+  auto pw = params_of(newest_checkpoint(whole)), ps = params_of(newest_checkpoint(split));
+  ASSERT_EQ(pw.size(), ps.size());
+  ASSERT_FALSE(pw.empty());
+  for (auto& [n, t] : pw) EXPECT_TRUE(torch::equal(t, ps.at(n))) << n << " differs after the resume from flags.txt";
+
+  const std::string old = dir("old-flags.txt"), out = dir("old-flags-run");
+  std::ofstream(old) << "# written before 2026-12-06\n\nmax_len=0\n";
+  auto r = run_seqrec("train --flagfile " + old + " --data " + data() + " --out " + out);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, old + ", line 3: 'max_len=0' is not a --flag=value line")) << r.output;
+  EXPECT_TRUE(contains(r.output, "prefix each line with --")) << r.output;
+  EXPECT_FALSE(fs::exists(out));
+  auto missing = run_seqrec("train --flagfile=" + dir("no-such.flags") + " --data " + data() + " --out " + out);
+  EXPECT_EQ(missing.code, 2) << missing.output;
+  EXPECT_TRUE(contains(missing.output, "--flagfile " + dir("no-such.flags") + ": cannot be read (No such file"))
+      << missing.output;
+  EXPECT_FALSE(fs::exists(out));
+}
+
 TEST_F(Cli, CorruptShardsAreNamed) {
   const std::string copy = dir("corrupt");
   fs::copy(data(), copy, fs::copy_options::recursive);
