@@ -49,7 +49,8 @@ DEFINE_int64(items, 500, "synth: number of items");
 DEFINE_int64(events, 50000, "synth: number of events in total");
 DEFINE_int32(clusters, 0, "synth: item clusters with Markov transitions; 0 = sqrt(items)");
 // train / eval
-DEFINE_string(data, "", "dataset directory made by 'seqrec prepare' or 'seqrec synth'");
+DEFINE_string(data, "", "dataset directory made by 'seqrec prepare' or 'seqrec synth' (eval: by default the "
+                        "one the checkpoint was trained on)");
 DEFINE_string(model, "sasrec", "model: sasrec | lisa | lightsans | linrec | routing | flash4rec");
 DEFINE_int64(max_len, 200, "most recent items kept per sequence");
 DEFINE_bool(train_windows, false,

@@ -274,7 +274,7 @@ int cmd_train(dist::Comm& comm) {
 
 int cmd_eval(dist::Comm& comm) {
   require(!FLAGS_checkpoint.empty(), "--checkpoint is required");
-  require(!FLAGS_data.empty(), "--data is required");
+  // Without --data, run_evaluation takes the dataset the checkpoint records.
   require(FLAGS_split == "valid" || FLAGS_split == "test", "--split must be 'valid' or 'test', got '" + FLAGS_split + "'");
   train::run_evaluation(FLAGS_checkpoint, FLAGS_data, FLAGS_split == "valid" ? train::Split::kValid : train::Split::kTest,
                         eval_protocol_from_flags(), eval_options_from_flags(), comm, FLAGS_device);

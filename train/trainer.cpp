@@ -1063,11 +1063,24 @@ void run_evaluation(const std::string& checkpoint_dir, const std::string& data, 
   CheckpointManager mgr({checkpoint_dir, 1}, comm);
   auto loaded = mgr.load(dir);
   auto mo = models::parse_model_signature(loaded.shared.value("model_signature"));
-  const io::DatasetMeta meta = io::read_meta(data);
+  // Without --data, the dataset the checkpoint was trained on, as its run named it (a relative
+  // path is relative to where that run was started).
+  std::string data_dir = data;
+  if (data_dir.empty()) {
+    if (!loaded.shared.meta.count("dataset") || loaded.shared.value("dataset").empty())
+      throw std::invalid_argument(dir + " does not record the dataset it was trained on; pass --data");
+    data_dir = loaded.shared.value("dataset");
+    if (!fs::is_directory(data_dir))
+      throw std::invalid_argument("--data not given, and the dataset " + dir + " was trained on, '" + data_dir +
+                                  "', is not a directory here (a relative path is relative to where the run "
+                                  "was started); pass --data");
+    if (comm.rank() == 0) std::printf("[eval] --data not given: the checkpoint's dataset, %s\n", data_dir.c_str());
+  }
+  const io::DatasetMeta meta = io::read_meta(data_dir);
   if (mo.num_items != meta.num_items)
-    throw std::runtime_error(dir + " was trained on " + std::to_string(mo.num_items) + " items, dataset " + data +
+    throw std::runtime_error(dir + " was trained on " + std::to_string(mo.num_items) + " items, dataset " + data_dir +
                              " has " + std::to_string(meta.num_items));
-  const io::UserSequences seqs = io::load_shards(data, meta, comm.rank(), comm.size());
+  const io::UserSequences seqs = io::load_shards(data_dir, meta, comm.rank(), comm.size());
   auto model = models::make_model(mo);
   if (!device.is_cpu()) model->to(device);
   load_parameters(*model, loaded.shared, dir);

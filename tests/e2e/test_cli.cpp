@@ -103,6 +103,15 @@ TEST_F(Cli, TrainsEvaluatesAndReportsProtocols) {
   ASSERT_EQ(e.code, 0) << e.output;
   EXPECT_TRUE(contains(e.output, "split=valid")) << e.output;
   EXPECT_TRUE(contains(e.output, "epoch=3")) << "the checkpoint's epoch is printed: " << e.output;
+  // Without --data, the dataset the checkpoint was trained on: named, and the same figures.
+  auto own = run_seqrec("eval --checkpoint " + run + "/best --split valid --threads 1");
+  ASSERT_EQ(own.code, 0) << own.output;
+  EXPECT_TRUE(contains(own.output, "[eval] --data not given: the checkpoint's dataset, " + data())) << own.output;
+  const std::regex result_line(R"(\[eval\] dataset=.* split=valid [^\n]*?(?= \([0-9.]+ s\)))");
+  std::smatch with_data, without_data;
+  ASSERT_TRUE(std::regex_search(e.output, with_data, result_line)) << e.output;
+  ASSERT_TRUE(std::regex_search(own.output, without_data, result_line)) << own.output;
+  EXPECT_EQ(with_data.str(), without_data.str());
   auto full = run_seqrec("eval --checkpoint " + run + "/best --data " + data() + " --eval_protocol full --exclude_history --threads 1");
   ASSERT_EQ(full.code, 0) << full.output;
   EXPECT_TRUE(contains(full.output, "history excluded")) << full.output;
@@ -532,6 +541,20 @@ TEST_F(Cli, BadCheckpointsAreRejectedAndEarlierOnesSurvive) {
   r = run_seqrec("eval --checkpoint " + newest + " --data " + data());
   EXPECT_NE(r.code, 0);
   EXPECT_TRUE(contains(r.output, "shared.bin")) << r.output;
+}
+
+// A checkpoint evaluated without --data whose training dataset is no longer where its run
+// named it: refused naming the path, with --data as the way out.
+TEST_F(Cli, EvalWithoutDataNamesAMissingTrainingDataset) {
+  const std::string gone = dir("gone-data"), run = dir("gone-run");
+  ASSERT_EQ(run_seqrec("synth --out " + gone + " --users 60 --items 400 --events 900 --seed 5 --progress=false").code, 0);
+  auto r = run_seqrec("train --data " + gone + " --out " + run + " " + kTrainSmall + "--final_test=false --max_steps 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  seqrec::io::remove_tree(gone);
+  r = run_seqrec("eval --checkpoint " + run + "/best");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "'" + gone + "', is not a directory here")) << r.output;
+  EXPECT_TRUE(contains(r.output, "pass --data")) << r.output;
 }
 
 TEST_F(Cli, KillDuringCheckpointWriteKeepsThePreviousOne) {
