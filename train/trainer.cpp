@@ -441,7 +441,12 @@ std::string resolve_checkpoint(const std::string& path, dist::Comm& comm) {
   if (fs::exists(fs::path(path) / "COMPLETE") || fs::exists(fs::path(path) / "MANIFEST")) return path;
   CheckpointManager mgr({path, 1}, comm);
   auto latest = mgr.latest();
-  if (!latest) throw std::runtime_error("no complete checkpoint in '" + path + "'");
+  if (!latest) {
+    if (fs::is_directory(fs::path(path) / "checkpoints") || fs::is_directory(fs::path(path) / "best"))
+      throw std::runtime_error("'" + path + "' is a run directory: name its best/ (the validation-selected model) or "
+                               "checkpoints/ (the newest complete checkpoint)");
+    throw std::runtime_error("no complete checkpoint in '" + path + "'");
+  }
   return *latest;
 }
 

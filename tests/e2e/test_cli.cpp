@@ -112,6 +112,10 @@ TEST_F(Cli, TrainsEvaluatesAndReportsProtocols) {
   ASSERT_TRUE(std::regex_search(e.output, with_data, result_line)) << e.output;
   ASSERT_TRUE(std::regex_search(own.output, without_data, result_line)) << own.output;
   EXPECT_EQ(with_data.str(), without_data.str());
+  // The run directory itself is not a checkpoint: its two checkpoint folders are named.
+  auto whole = run_seqrec("eval --checkpoint " + run + " --threads 1");
+  EXPECT_EQ(whole.code, 1) << whole.output;
+  EXPECT_TRUE(contains(whole.output, "'" + run + "' is a run directory: name its best/")) << whole.output;
   auto full = run_seqrec("eval --checkpoint " + run + "/best --data " + data() + " --eval_protocol full --exclude_history --threads 1");
   ASSERT_EQ(full.code, 0) << full.output;
   EXPECT_TRUE(contains(full.output, "history excluded")) << full.output;
