@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "models/model.h"
+#include "train/run_lock.h"
 
 namespace seqrec::train {
 namespace {
@@ -221,6 +222,7 @@ struct RunFacts {
   double peak_rss = -1, peak_gpu = -1;  // peak_gpu: --device cuda sittings only
   std::vector<MetricsRecord> records;
   std::map<std::string, std::string> flags;  // flags.txt: key=value, as the trainer wrote it
+  RunLockHolder lock;                         // who holds the run's .lock now
 
   bool is(const MetricsRecord& r, const char* split) const { return r.text.count("split") && r.text.at("split") == split; }
   static int64_t number(const MetricsRecord& r, const char* key) {
@@ -260,12 +262,21 @@ struct RunFacts {
   // not stop short (one it stopped at its last epoch would have stopped there anyway).
   bool trained_every_epoch() const { return tested() && epochs > 0 && last_epoch == epochs; }
 
-  // failed, finished, stopped, or in progress (which an interrupted run also looks like:
-  // "unfinished" in one word); with the reason the log gives, or in one word.
+  // running (a trainer on this machine holds the run's lock: whatever its log said before),
+  // failed, finished, stopped, or unfinished: interrupted where the lock is free, in progress or
+  // interrupted where the lock table cannot tell; with the reason, or in one word.
   std::string status(bool with_reason) const {
+    if (lock.state == RunLockHolder::State::kHeld)
+      return with_reason ? "in progress (pid " + std::to_string(lock.pid) + " on this machine holds the run's lock)"
+                         : "running";
     if (!error_line.empty()) return with_reason ? "failed (" + error_line + ")" : "failed";
-    if (!tested() && stop_line.empty())
-      return with_reason ? "in progress or interrupted (no test evaluation yet)" : "unfinished";
+    if (!tested() && stop_line.empty()) {
+      if (!with_reason) return "unfinished";
+      return lock.state == RunLockHolder::State::kFree
+                 ? "interrupted (no test evaluation, and no trainer on this machine holds the run's lock: "
+                   "continue it with --resume auto)"
+                 : "in progress or interrupted (no test evaluation yet)";
+    }
     const std::string word = tested() ? "finished" : "stopped";
     return with_reason && !stop_line.empty() ? word + " (" + stop_line + ")" : word;
   }
@@ -354,6 +365,7 @@ RunFacts read_run(const std::string& dir) {
   if (f.model.empty() && f.flags.count("model")) f.model = f.flags.at("model");
   for (const auto& r : f.records)
     if (r.text.count("dataset")) f.dataset = r.text.at("dataset");
+  f.lock = run_lock_holder(dir);
   return f;
 }
 

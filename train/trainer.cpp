@@ -3,12 +3,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -18,8 +16,6 @@
 #include <sstream>
 #include <stdexcept>
 
-#include <fcntl.h>
-#include <sys/file.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -35,6 +31,7 @@
 #include "train/device.h"
 #include "train/host_allocator.h"
 #include "train/profiler.h"
+#include "train/run_lock.h"
 
 namespace seqrec::train {
 namespace fs = std::filesystem;
@@ -62,49 +59,6 @@ std::string format_duration(double s) {
   else o << t << "s";
   return o.str();
 }
-
-// One trainer per run directory: rank 0 holds an exclusive advisory lock on <out>/.lock (with
-// its pid in the file) for as long as the run lives; the kernel drops it when the process ends,
-// however it ends. Without it, a resume started while an earlier trainer is still writing its
-// stop checkpoint would load one checkpoint while the other process writes a newer one.
-class RunDirLock {
- public:
-  RunDirLock() = default;
-  RunDirLock(const RunDirLock&) = delete;
-  RunDirLock& operator=(const RunDirLock&) = delete;
-  ~RunDirLock() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-
-  // An empty string when the lock is held, else why not.
-  std::string acquire(const std::string& dir) {
-    const std::string path = dir + "/.lock";
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) return "cannot open " + path + ": " + std::strerror(errno);
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-      const int err = errno;
-      char buf[32] = {};
-      const ssize_t n = ::pread(fd_, buf, sizeof(buf) - 1, 0);
-      ::close(fd_);
-      fd_ = -1;
-      // A filesystem without locks (some network mounts) runs unguarded rather than not at all.
-      if (err == ENOLCK || err == EOPNOTSUPP) return {};
-      if (err != EWOULDBLOCK) return "cannot lock " + path + ": " + std::strerror(err);
-      std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
-      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
-      return "run directory " + dir + " is in use by another seqrec train" +
-             (holder.empty() ? std::string() : " (pid " + holder + ")") +
-             ": wait for it to end (a stopped run writes its last checkpoint first), or use another --out";
-    }
-    const std::string pid = std::to_string(::getpid()) + "\n";
-    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
-      return "cannot write " + path + ": " + std::strerror(errno);
-    return {};
-  }
-
- private:
-  int fd_ = -1;
-};
 
 // Rank 0 writes the run's human log (stdout + <out>/train.log) and metrics.jsonl.
 class RunLog {

@@ -18,6 +18,7 @@
 #include "io/remove_tree.h"
 #include "models/model.h"
 #include "train/evaluator.h"
+#include "train/run_lock.h"
 #include "train/run_summary.h"
 
 namespace {
@@ -353,6 +354,46 @@ class FakeRuns {
 // Several runs side by side: one row each (model, seed, status, selection, each protocol's test
 // figures), the protocols numbered, and the runs that differ only in the seed (and in how they
 // were executed) grouped with the mean and sample standard deviation of their finished runs.
+// An unfinished run is in progress while a trainer holds its lock, interrupted once none does;
+// without a .lock file (a run older than the lock) the summary cannot tell and says so.
+TEST(RunSummary, TellsARunInProgressFromAnInterruptedOne) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("seqrec-run-lock-" + std::to_string(::getpid()));
+  seqrec::io::remove_tree(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "train.log") << "[setup] dataset=ml-1m users=6040\n[setup] model=linrec params=1 max_len=200\n"
+                                      "[train] epoch 4/10 step 40 loss 1\n";
+  EXPECT_EQ(train::run_lock_holder(dir.string()).state, train::RunLockHolder::State::kUnknown);
+  EXPECT_NE(train::describe_run(dir.string()).find("status: in progress or interrupted (no test evaluation yet)"),
+            std::string::npos);
+  {
+    train::RunDirLock lock;
+    ASSERT_EQ(lock.acquire(dir.string()), "");
+    const auto held = train::run_lock_holder(dir.string());
+    EXPECT_EQ(held.state, train::RunLockHolder::State::kHeld);
+    EXPECT_EQ(held.pid, ::getpid());
+    const auto text = train::describe_run(dir.string());
+    EXPECT_NE(text.find("status: in progress (pid " + std::to_string(::getpid()) + " on this machine holds the run's lock)"),
+              std::string::npos) << text;
+    // Asking took nothing: a second trainer is still refused, naming the holder.
+    train::RunDirLock second;
+    EXPECT_NE(second.acquire(dir.string()).find("is in use by another seqrec train (pid " + std::to_string(::getpid())),
+              std::string::npos);
+    // A held lock outranks what an earlier sitting's log says (an extended run that tested before).
+    std::ofstream(dir / "train.log", std::ios::app) << "[test] model selected on valid NDCG@10 at epoch 5\n";
+    EXPECT_NE(train::describe_run(dir.string()).find("status: in progress (pid"), std::string::npos);
+    const std::string table = train::compare_runs({dir.string(), dir.string()}, {"NDCG@10"});
+    EXPECT_NE(table.find(" running "), std::string::npos) << table;
+    std::ofstream(dir / "train.log") << "[setup] dataset=ml-1m users=6040\n[train] epoch 4/10 step 40 loss 1\n";
+  }
+  EXPECT_EQ(train::run_lock_holder(dir.string()).state, train::RunLockHolder::State::kFree);
+  const auto text = train::describe_run(dir.string());
+  EXPECT_NE(text.find("status: interrupted (no test evaluation, and no trainer on this machine holds the run's lock: "
+                      "continue it with --resume auto)"),
+            std::string::npos) << text;
+  seqrec::io::remove_tree(dir);
+}
+
 TEST(RunSummary, ComparesRunsAndGroupsSeeds) {
   FakeRuns farm("seqrec-run-compare");
   const std::string& sampled = FakeRuns::sampled;
