@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -407,6 +408,23 @@ std::string describe_run(const std::string& dir) {
       out << "  valid " << f.select_metric << " by epoch:";
       for (const auto& [epoch, v] : curve) out << " " << epoch << ":" << fixed(v, 4);
       out << "\n";
+    }
+    // An unfinished run under --patience: how far it is from stopping, and where it would stop
+    // if no validation improves (validations fall on multiples of --eval_every).
+    const int64_t patience = f.flags.count("patience") ? std::atoll(f.flags.at("patience").c_str()) : 0;
+    const int64_t every = f.flags.count("eval_every") ? std::atoll(f.flags.at("eval_every").c_str()) : 1;
+    if (patience > 0 && every > 0 && !f.tested() && f.error_line.empty() && f.stop_line.empty() &&
+        f.selected_epoch >= 0 && !curve.empty()) {
+      int64_t since = 0;
+      for (const auto& [epoch, v] : curve) since += epoch > f.selected_epoch;
+      const int64_t stop_at = curve.rbegin()->first + std::max<int64_t>(patience - since, 0) * every;
+      out << "  patience: " << since << " of " << patience << " validation(s) since the best (epoch " << f.selected_epoch
+          << ") without a new best; ";
+      if (f.epochs > 0 && stop_at >= f.epochs)
+        out << "it runs to its planned last epoch, " << f.epochs << "\n";
+      else
+        out << "unless one improves, it stops after validating epoch " << stop_at
+            << (f.epochs > 0 ? " (planned: " + std::to_string(f.epochs) + ")" : "") << "\n";
     }
   }
 

@@ -394,6 +394,44 @@ TEST(RunSummary, TellsARunInProgressFromAnInterruptedOne) {
   seqrec::io::remove_tree(dir);
 }
 
+// An unfinished run under --patience says how many validations it has gone without a new best
+// and after which epoch's validation it stops unless one improves.
+TEST(RunSummary, SaysWhereAPatientRunWouldStop) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("seqrec-run-patience-" + std::to_string(::getpid()));
+  seqrec::io::remove_tree(dir);
+  fs::create_directories(dir);
+  const std::string sampled = "sampled: 1 target + 100 uniform negatives not in the user's sequence";
+  const auto valid = [&](int epoch, double ndcg) {
+    return "{\"dataset\":\"ml-1m\",\"split\":\"valid\",\"epoch\":" + std::to_string(epoch) +
+           ",\"step\":1,\"protocol\":\"p\",\"candidates\":\"" + sampled + "\",\"tie\":\"pessimistic\",\"users\":10,"
+           "\"NDCG@10\":" + std::to_string(ndcg) + ",\"tied\":0,\"seconds\":1}\n";
+  };
+  const auto log = [&](int planned) {
+    std::ofstream(dir / "train.log") << "[setup] dataset=ml-1m users=10\n[setup] model=sasrec params=1 max_len=20\n"
+                                        "[setup] model selection: valid NDCG@10 under \"" + sampled + "\"\n"
+                                        "[select] new best valid NDCG@10=0.6200 at epoch 10\n"
+                                        "[train] epoch 16/" + std::to_string(planned) + " step 160 loss 1\n";
+  };
+  std::ofstream(dir / "flags.txt") << "# seqrec train\n--patience=3\n--eval_every=5\n--seed=1\n";
+  std::ofstream(dir / "metrics.jsonl") << valid(5, 0.60) + valid(10, 0.62) + valid(15, 0.61);
+  log(100);
+  auto text = train::describe_run(dir.string());
+  EXPECT_NE(text.find("  patience: 1 of 3 validation(s) since the best (epoch 10) without a new best; unless one "
+                      "improves, it stops after validating epoch 25 (planned: 100)\n"),
+            std::string::npos) << text;
+  log(20);  // the planned epochs come first
+  text = train::describe_run(dir.string());
+  EXPECT_NE(text.find("without a new best; it runs to its planned last epoch, 20\n"), std::string::npos) << text;
+  // Not for a finished run, nor without --patience.
+  std::ofstream(dir / "train.log", std::ios::app) << "[test] model selected on valid NDCG@10 at epoch 10\n";
+  EXPECT_EQ(train::describe_run(dir.string()).find("patience:"), std::string::npos);
+  log(100);
+  std::ofstream(dir / "flags.txt") << "# seqrec train\n--patience=0\n--eval_every=5\n";
+  EXPECT_EQ(train::describe_run(dir.string()).find("patience:"), std::string::npos);
+  seqrec::io::remove_tree(dir);
+}
+
 TEST(RunSummary, ComparesRunsAndGroupsSeeds) {
   FakeRuns farm("seqrec-run-compare");
   const std::string& sampled = FakeRuns::sampled;
