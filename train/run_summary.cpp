@@ -222,9 +222,14 @@ struct RunFacts {
   int64_t sittings = 0, last_epoch = -1, epochs = -1, last_step = -1, selected_epoch = -1;
   double peak_rss = -1, peak_gpu = -1;  // peak_gpu: --device cuda sittings only
   std::vector<MetricsRecord> records;
-  std::map<std::string, std::string> flags;  // flags.txt: key=value, as the trainer wrote it
+  std::map<std::string, std::string> flags;  // flags.txt: name -> value, as the trainer wrote it
   RunLockHolder lock;                         // who holds the run's .lock now
 
+  // A flag as flags.txt records it, or `fallback` where it does not.
+  std::string flag(const std::string& name, const std::string& fallback) const {
+    const auto it = flags.find(name);
+    return it == flags.end() ? fallback : it->second;
+  }
   bool is(const MetricsRecord& r, const char* split) const { return r.text.count("split") && r.text.at("split") == split; }
   static int64_t number(const MetricsRecord& r, const char* key) {
     return r.numbers.count(key) ? static_cast<int64_t>(r.numbers.at(key)) : -1;
@@ -262,6 +267,8 @@ struct RunFacts {
   // Tested, with its last progress line in the last epoch it planned: a run that --patience did
   // not stop short (one it stopped at its last epoch would have stopped there anyway).
   bool trained_every_epoch() const { return tested() && epochs > 0 && last_epoch == epochs; }
+  // Neither failed, tested nor stopped by its log: training, or interrupted.
+  bool unfinished() const { return error_line.empty() && !tested() && stop_line.empty(); }
 
   // running (a trainer on this machine holds the run's lock: whatever its log said before),
   // failed, finished, stopped, or unfinished: interrupted where the lock is free, in progress or
@@ -271,7 +278,7 @@ struct RunFacts {
       return with_reason ? "in progress (pid " + std::to_string(lock.pid) + " on this machine holds the run's lock)"
                          : "running";
     if (!error_line.empty()) return with_reason ? "failed (" + error_line + ")" : "failed";
-    if (!tested() && stop_line.empty()) {
+    if (unfinished()) {
       if (!with_reason) return "unfinished";
       return lock.state == RunLockHolder::State::kFree
                  ? "interrupted (no test evaluation, and no trainer on this machine holds the run's lock: "
@@ -363,7 +370,7 @@ RunFacts read_run(const std::string& dir) {
       if (eq != std::string::npos) f.flags[line.substr(0, eq)] = line.substr(eq + 1);
     }
   }
-  if (f.model.empty() && f.flags.count("model")) f.model = f.flags.at("model");
+  if (f.model.empty()) f.model = f.flag("model", "");
   for (const auto& r : f.records)
     if (r.text.count("dataset")) f.dataset = r.text.at("dataset");
   f.lock = run_lock_holder(dir);
@@ -411,10 +418,9 @@ std::string describe_run(const std::string& dir) {
     }
     // An unfinished run under --patience: how far it is from stopping, and where it would stop
     // if no validation improves (validations fall on multiples of --eval_every).
-    const int64_t patience = f.flags.count("patience") ? std::atoll(f.flags.at("patience").c_str()) : 0;
-    const int64_t every = f.flags.count("eval_every") ? std::atoll(f.flags.at("eval_every").c_str()) : 1;
-    if (patience > 0 && every > 0 && !f.tested() && f.error_line.empty() && f.stop_line.empty() &&
-        f.selected_epoch >= 0 && !curve.empty()) {
+    const int64_t patience = std::atoll(f.flag("patience", "0").c_str());
+    const int64_t every = std::atoll(f.flag("eval_every", "1").c_str());
+    if (patience > 0 && every > 0 && f.unfinished() && f.selected_epoch >= 0 && !curve.empty()) {
       int64_t since = 0;
       for (const auto& [epoch, v] : curve) since += epoch > f.selected_epoch;
       const int64_t stop_at = curve.rbegin()->first + std::max<int64_t>(patience - since, 0) * every;
@@ -504,7 +510,7 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
   for (const auto& f : runs) {
     int64_t evaluations = 0;
     const auto tests = f.final_tests(&evaluations);
-    std::vector<std::string> row = {f.dir, f.model.empty() ? "?" : f.model, f.flags.count("seed") ? f.flags.at("seed") : "?",
+    std::vector<std::string> row = {f.dir, f.model.empty() ? "?" : f.model, f.flag("seed", "?"),
                                     f.status(false) + (evaluations > 1 ? " (test x" + std::to_string(evaluations) + ")" : "")};
     std::vector<double> v;
     const MetricsRecord* sel = f.selected_valid();
@@ -632,7 +638,7 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
     if (!any) out << "alike but for the seed (mean +- sample standard deviation over the finished runs):\n";
     any = true;
     std::string seeds;
-    for (size_t i : tested) seeds += (seeds.empty() ? "" : ", ") + (runs[i].flags.count("seed") ? runs[i].flags.at("seed") : "?");
+    for (size_t i : tested) seeds += (seeds.empty() ? "" : ", ") + runs[i].flag("seed", "?");
     out << "  " << label(g) << ", " << members.size() << " runs, " << tested.size() << " finished"
         << (tested.empty() ? "" : " (seeds " + seeds + ")");
     if (tested.size() < 2) {
