@@ -237,7 +237,8 @@ void print_usage(const std::string& cmd) {
   if (!is_subcommand(cmd)) {
     std::printf("usage: seqrec <subcommand> [--flags] [--flagfile=FILE]\n\nsubcommands:\n");
     for (auto& [name, sc] : subcommands()) std::printf("  %-8s %s\n", name.c_str(), sc.summary.c_str());
-    std::printf("\n'seqrec <subcommand> --help' lists that subcommand's flags.\n");
+    std::printf("\n'seqrec <subcommand> --help' lists that subcommand's flags; 'seqrec --version' names the build\n"
+                "(the git revision it was built from, LibTorch, CUDA, MPI, compiler).\n");
     return;
   }
   const auto& sc = subcommands().at(cmd);

@@ -20,6 +20,7 @@
 
 #include "dist/comm.h"
 #include "launcher/allocator.h"
+#include "io/build_info.h"
 #include "io/dataset.h"
 #include "io/log.h"
 #include "io/prepare.h"
@@ -389,6 +390,11 @@ int main(int argc, char** argv) {
     return argc < 2 ? kUsageError : 0;
   }
   const std::string cmd = argv[1];
+  if (cmd == "--version" || cmd == "version") {
+    std::printf("%s\n", io::describe_build().c_str());
+    if (io::build_info().cuda) std::printf("CUDA devices visible: %d\n", static_cast<int>(torch::cuda::device_count()));
+    return 0;
+  }
   if (!is_subcommand(cmd)) {
     std::fprintf(stderr, "seqrec: unknown subcommand '%s'\n", cmd.c_str());
     print_usage("");

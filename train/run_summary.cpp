@@ -222,6 +222,7 @@ struct RunFacts {
   int64_t sittings = 0, last_epoch = -1, epochs = -1, last_step = -1, selected_epoch = -1;
   double peak_rss = -1, peak_gpu = -1;  // peak_gpu: --device cuda sittings only
   std::vector<MetricsRecord> records;
+  std::vector<std::string> builds;           // per sitting, its "[setup] build:" ("" where not logged)
   std::map<std::string, std::string> flags;  // flags.txt: name -> value, as the trainer wrote it
   RunLockHolder lock;                         // who holds the run's .lock now
 
@@ -316,10 +317,13 @@ RunFacts read_run(const std::string& dir) {
       if (!starts_with(line, "[error] ")) error_continues = false;
       if (starts_with(line, "[setup] dataset=")) {
         ++f.sittings;
+        f.builds.emplace_back();
         f.dataset = field_after(line, "dataset=");
         f.device = field_after(line, " device=");  // absent in logs of older binaries: the CPU
         f.stop_line.clear();
         f.error_line.clear();
+      } else if (starts_with(line, "[setup] build: ") && !f.builds.empty()) {
+        f.builds.back() = line.substr(15);
       } else if (starts_with(line, "[setup] model=")) {
         f.model = field_after(line, "model=");
       } else if (starts_with(line, "[setup] model selection: valid ")) {
@@ -377,6 +381,24 @@ RunFacts read_run(const std::string& dir) {
   return f;
 }
 
+// Which builds trained the run, sitting by sitting: one line naming the build where every sitting
+// logged the same, the sittings grouped by build where they differ (a run resumed by newer code),
+// nothing where no sitting logged one (binaries before 2026-12-06).
+std::string builds_line(const std::vector<std::string>& builds) {
+  if (std::all_of(builds.begin(), builds.end(), [](const std::string& b) { return b.empty(); })) return "";
+  if (std::all_of(builds.begin(), builds.end(), [&](const std::string& b) { return b == builds.front(); }))
+    return "  build: " + builds.front() + "\n";
+  std::string out = "  builds:";
+  for (size_t i = 0; i < builds.size();) {
+    size_t j = i;
+    while (j + 1 < builds.size() && builds[j + 1] == builds[i]) ++j;
+    out += (i ? "; " : " ") + std::string(i == j ? "sitting " : "sittings ") + std::to_string(i + 1) +
+           (i == j ? "" : "-" + std::to_string(j + 1)) + ": " + (builds[i].empty() ? "not recorded" : builds[i]);
+    i = j + 1;
+  }
+  return out + "\n";
+}
+
 }  // namespace
 
 std::string describe_run(const std::string& dir) {
@@ -385,6 +407,7 @@ std::string describe_run(const std::string& dir) {
   out << "run: " << dir << "\n";
   out << "  model: " << (f.model.empty() ? "?" : f.model) << ", dataset: " << (f.dataset.empty() ? "?" : f.dataset)
       << ", sittings: " << f.sittings << "\n";
+  out << builds_line(f.builds);
   int64_t last_valid = -1, validations = 0;
   for (const auto& r : f.records)
     if (f.is(r, "valid") && r.numbers.count("epoch")) {

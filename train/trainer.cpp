@@ -21,6 +21,7 @@
 
 #include "dist/comm.h"
 #include "dist/data_parallel.h"
+#include "io/build_info.h"
 #include "io/dataset.h"
 #include "io/log.h"
 #include "ops/kernels.h"
@@ -365,6 +366,7 @@ TensorBundle make_snapshot(models::SequenceModel& model, const Adam& adam, const
   b.meta["train_windows"] = o.loader.windows ? "true" : "false";
   b.meta["train_prefixes"] = o.loader.prefixes ? "true" : "false";
   b.meta["lr_schedule"] = schedule.describe();
+  b.meta["build"] = io::describe_build();
   return b;
 }
 
@@ -653,12 +655,19 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
     loader.seek(c);
     log.line("[resume] " + *resume_from + ": step " + std::to_string(p.step) + ", epoch " +
              std::to_string(c.epoch) + " batch " + std::to_string(c.step));
+    // Not an error (fixes and speed-ups land between sittings), but a run's figures then come
+    // from more than one build, which its log should say.
+    if (!s.meta.count("build") || s.value("build") != io::describe_build())
+      log.line("[resume] the checkpoint was written by " +
+               (s.meta.count("build") ? s.value("build") : std::string("a build that did not record itself")) +
+               "; this sitting runs " + io::describe_build());
   }
 
   log.line("[setup] dataset=" + meta.name + " users=" + std::to_string(meta.num_users) +
            " items=" + std::to_string(meta.num_items) + " events=" + std::to_string(meta.num_events) +
            " ranks=" + std::to_string(world) + " threads/rank=" + std::to_string(at::get_num_threads()) +
            " device=" + device.str());
+  log.line("[setup] build: " + io::describe_build());
   if (ops::matmul_precision() == "high")
     log.line(std::string("[setup] matmul_precision=high") +
              (device.is_cuda() ? ": float32 products on TensorFloat-32 tensor cores"
@@ -973,7 +982,9 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
 }
 
 TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
-  dist::check_same_config(comm, o.config_text);
+  // Ranks of one job run one build as well as one configuration: two binaries may differ in
+  // what a flag means or how a kernel sums.
+  dist::check_same_config(comm, "build: " + io::describe_build() + "\n" + o.config_text);
   // A missing dataset, or a protocol it cannot serve, fails before anything is written (and
   // not at the first validation).
   const io::DatasetMeta meta = io::read_meta(o.data);

@@ -54,4 +54,37 @@ inline bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
+// The git revision `seqrec --version` names ("seqrec REV (LibTorch ...)"), or "" if it names none.
+inline std::string built_revision(const std::string& bin) {
+  const RunResult r = run_command(bin + " --version");
+  if (r.code != 0 || r.output.rfind("seqrec ", 0) != 0) return "";
+  return r.output.substr(7, r.output.find(" (") - 7);
+}
+
+// A copy of the seqrec executable at `path` that names another build: the revision behind the
+// marker io/build_info.cpp puts in the binary is overwritten, byte for byte, with as many 'f's
+// (so the copy runs the same code and calls itself a different revision). Returns that
+// revision, or "" with `why` set when the executable has no marked revision.
+inline std::string copy_as_another_build(const std::string& path, std::string* why) {
+  const std::string rev = built_revision(seqrec_bin());
+  std::string bytes;
+  {
+    std::FILE* f = std::fopen(seqrec_bin().c_str(), "rb");
+    if (!f) return *why = "cannot read " + seqrec_bin(), "";
+    char buf[1 << 16];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) bytes.append(buf, n);
+    std::fclose(f);
+  }
+  const std::string marked = "seqrec-revision:" + rev;
+  const auto at = bytes.find(marked + '\0');
+  if (rev.empty() || at == std::string::npos) return *why = "no marked revision in " + seqrec_bin(), "";
+  const std::string other(rev.size(), 'f');
+  bytes.replace(at + marked.size() - rev.size(), rev.size(), other);
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f || std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size()) return *why = "cannot write " + path, "";
+  std::fclose(f);
+  std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+  return other;
+}
+
 }  // namespace seqrec::testing

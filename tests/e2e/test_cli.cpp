@@ -893,6 +893,55 @@ TEST_F(Cli, RunFlagsFileContinuesTheRun) {
   EXPECT_FALSE(fs::exists(out));
 }
 
+// `seqrec --version` names the build; each sitting logs it, checkpoints record it, and a run
+// resumed by another build says so in its log and in `seqrec info`. The other build is a copy of
+// this executable whose marked revision is overwritten.
+TEST_F(Cli, RunsAndCheckpointsNameTheirBuild) {
+  auto v = run_seqrec("--version");
+  ASSERT_EQ(v.code, 0) << v.output;
+  const std::string rev = built_revision(seqrec_bin());
+  ASSERT_FALSE(rev.empty()) << v.output;
+  EXPECT_TRUE(contains(v.output, "LibTorch ")) << v.output;
+  EXPECT_EQ(run_seqrec("version").output, v.output);
+  const std::string mine = v.output.substr(0, v.output.find('\n'));
+
+  std::string why;
+  const std::string other_bin = dir("seqrec-other-build");
+  const std::string other = copy_as_another_build(other_bin, &why);
+  ASSERT_FALSE(other.empty()) << why;
+  auto ov = run_command(other_bin + " --version");
+  ASSERT_EQ(ov.code, 0) << ov.output;
+  EXPECT_TRUE(contains(ov.output, "seqrec " + other + " (LibTorch ")) << ov.output;
+  const std::string theirs = ov.output.substr(0, ov.output.find('\n'));
+
+  const std::string run = dir("builds");
+  const std::string common = " train --data " + data() + " --out " + run + " " + kTrainSmall + "--epochs 5 --final_test=false ";
+  auto a = run_command(other_bin + common + "--max_steps 6", 300);
+  ASSERT_EQ(a.code, 0) << a.output;
+  EXPECT_TRUE(contains(a.output, "[setup] build: " + theirs)) << a.output;
+  auto b = run_seqrec(common + "--max_steps 14 --resume auto", 300);
+  ASSERT_EQ(b.code, 0) << b.output;
+  EXPECT_TRUE(contains(b.output, "[resume] the checkpoint was written by " + theirs + "; this sitting runs " + mine))
+      << b.output;
+  EXPECT_TRUE(contains(b.output, "[setup] build: " + mine)) << b.output;
+  auto info = run_seqrec("info " + run);
+  ASSERT_EQ(info.code, 0) << info.output;
+  EXPECT_TRUE(contains(info.output, "  builds: sitting 1: " + theirs + "; sitting 2: " + mine + "\n")) << info.output;
+  auto ck = run_seqrec("info " + newest_checkpoint(run));
+  EXPECT_TRUE(contains(ck.output, "build: " + mine)) << ck.output;
+  // One build throughout: named once.
+  const std::string one = dir("one-build");
+  auto d = run_seqrec(" train --data " + data() + " --out " + one + " " + kTrainSmall + "--epochs 1 --final_test=false", 300);
+  ASSERT_EQ(d.code, 0) << d.output;
+  EXPECT_TRUE(contains(run_seqrec("info " + one).output, "  build: " + mine + "\n"));
+  // A third sitting by the same build as the second: grouped.
+  auto c = run_seqrec(common + "--max_steps 18 --resume auto", 300);
+  ASSERT_EQ(c.code, 0) << c.output;
+  EXPECT_FALSE(contains(c.output, "written by")) << c.output;
+  info = run_seqrec("info " + run);
+  EXPECT_TRUE(contains(info.output, "  builds: sitting 1: " + theirs + "; sittings 2-3: " + mine + "\n")) << info.output;
+}
+
 TEST_F(Cli, CorruptShardsAreNamed) {
   const std::string copy = dir("corrupt");
   fs::copy(data(), copy, fs::copy_options::recursive);

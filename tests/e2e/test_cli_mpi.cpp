@@ -290,6 +290,25 @@ TEST_F(CliMpi, RanksWithDifferentFlagsFailNamingTheRank) {
   EXPECT_TRUE(contains(r.output, "lr=0.002")) << r.output;
 }
 
+// Ranks of one job must run one build: a rank started from another binary (here a copy of
+// seqrec that names another revision) fails the job before anything is trained, naming both.
+TEST_F(CliMpi, RanksOfAnotherBuildFailNamingTheRank) {
+  std::string why;
+  const std::string other_bin = dir("seqrec-other-build");
+  const std::string other = copy_as_another_build(other_bin, &why);
+  ASSERT_FALSE(other.empty()) << why;
+  const std::string out = dir("mixed-builds");
+  auto r = run_command(mpirun() + " -np 1 " + seqrec_bin() + train_args(data(), out, 8) + " : -np 1 " + other_bin +
+                           train_args(data(), out, 8),
+                       60);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "hung";
+  EXPECT_TRUE(contains(r.output, "rank 1 runs a different configuration from rank 0: 'build: seqrec " +
+                                     built_revision(seqrec_bin()) + " (")) << r.output;
+  EXPECT_TRUE(contains(r.output, "'build: seqrec " + other + " (")) << r.output;
+  EXPECT_FALSE(fs::exists(out + "/checkpoints")) << "nothing may be trained";
+}
+
 // A rank whose state drifts from the others' (here injected: SEQREC_FAULT_DIVERGE makes one
 // rank nudge one tensor after one update) stops the job at the next replica check with the
 // tensor and the rank named, and never reaches a checkpoint: the one before stays complete.
