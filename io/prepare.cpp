@@ -5,6 +5,7 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "io/build_info.h"
 #include "io/format.h"
 #include "io/loader.h"
 #include "io/prepare.h"
@@ -233,7 +234,7 @@ DatasetMeta prepare_dataset(const PrepareOptions& o) {
   meta.user_feature_names = features.names;
   for (const auto& v : features.values) meta.user_feature_cardinalities.push_back(static_cast<int64_t>(v.size()));
   auto& a = meta.attributes;
-  a["created_by"] = "seqrec prepare";
+  a["created_by"] = "seqrec prepare, " + describe_build();
   a["input"] = o.input;
   a["filters"] = describe_filters(o);
   a["order"] = rows.has_timestamps ? "chronological per user; equal timestamps keep file order" : "file order per user";

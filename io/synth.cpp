@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "io/build_info.h"
 #include "io/format.h"
 #include "io/loader.h"
 #include "io/prepare.h"
@@ -146,7 +147,7 @@ DatasetMeta synth_dataset(const SynthOptions& o) {
   meta.has_timestamps = false;
   meta.shard_user_begin = split_users_by_events(prefix, o.shards);
   auto& a = meta.attributes;
-  a["created_by"] = "seqrec synth";
+  a["created_by"] = "seqrec synth, " + describe_build();
   a["generator"] =
       "items shuffled into clusters, Zipf within a cluster; per event the cluster follows a sparse Markov chain "
       "(3 successors, p = 0.5/0.3/0.2) with probability 'stay', else jumps uniformly";

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
+#include "io/build_info.h"
 #include "io/writer.h"
 #include "io_test_util.h"
 
@@ -38,6 +39,8 @@ TEST(Prepare, SasrecKeepsFileOrderAndRawIds) {
   EXPECT_EQ(meta.attributes.at("seq_len_max"), "3");
   EXPECT_EQ(meta.attributes.at("seq_len_median"), "2");
   EXPECT_EQ(meta.attributes.at("rows_read"), "6");
+  // Which build wrote the dataset, as meta.h5 keeps it.
+  EXPECT_EQ(read_meta(tmp / "ds").attributes.at("created_by"), "seqrec prepare, " + describe_build());
   const std::string d = describe(meta);
   EXPECT_NE(d.find("users 3, items 4"), std::string::npos) << d;
   EXPECT_NE(d.find("events 6"), std::string::npos) << d;

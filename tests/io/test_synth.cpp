@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <unordered_map>
 
+#include "io/build_info.h"
 #include "io_test_util.h"
 
 namespace {
@@ -40,6 +41,7 @@ TEST(Synth, SameSeedSameDataAnyShardCount) {
   EXPECT_NE(a.items, d.items);
   EXPECT_NE(a.offsets, d.offsets);
   EXPECT_EQ(read_meta(tmp / "a").shard_checksums, read_meta(tmp / "b").shard_checksums);
+  EXPECT_EQ(read_meta(tmp / "a").attributes.at("created_by"), "seqrec synth, " + describe_build());
 }
 
 TEST(Synth, CountsAndStatistics) {
