@@ -46,8 +46,10 @@ say "cores: $(nproc)"
 for f in ${GPU_RUNS:-}; do [ -f "$f" ] || { say "GPU_RUNS: no such file: $f"; exit 1; }; done
 
 # 1. Build the executable first; the tests build while the runs train.
+# The device's copy of the tree has no .git: SEQREC_REVISION (say, from `git describe --always
+# --dirty --abbrev=12` here, put on the device command line) names the build instead of "unknown".
 if ! cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH" \
-     > "$OUT/build.log" 2>&1; then
+     -DSEQREC_REVISION="${SEQREC_REVISION:-}" > "$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; exit 1
 fi
 grep "seqrec: MPI=" "$OUT/build.log" | tee -a "$summary"
@@ -58,7 +60,7 @@ if ! ninja -C build-gpu seqrec test_gated_attention test_interest_attention test
      >> "$OUT/build.log" 2>&1; then
   grep -B3 -A12 -m5 "error" "$OUT/build.log" | head -120; exit 1
 fi
-say "built seqrec"
+say "built $(build-gpu/seqrec --version | head -1)"
 B=build-gpu/seqrec
 # The CUDA kernels against the CPU's before anything is timed or trained with them.
 # A kernel that fails its test trains nothing: the listed runs then take the ATen references

@@ -3,7 +3,9 @@
 # --dirty`), and the toolchain facts passed in, so that `seqrec --version`, every training
 # sitting's log and every checkpoint say which code made them. file(CONFIGURE) rewrites OUT only
 # when its text changes, so an unchanged revision recompiles nothing.
-#   -DSOURCE_DIR=... -DOUT=... -DTORCH_VERSION=... -DCOMPILER=... -DBUILD_TYPE=...
+#   -DSOURCE_DIR=... -DOUT=... -DTORCH_VERSION=... -DCOMPILER=... -DBUILD_TYPE=... [-DFALLBACK=...]
+# FALLBACK (the SEQREC_REVISION cache variable) names the revision where git cannot: a source
+# tarball, or a copy of the tree without its .git (the GPU machine's).
 execute_process(
   COMMAND git -C "${SOURCE_DIR}" describe --always --dirty --abbrev=12
   OUTPUT_VARIABLE SEQREC_REVISION
@@ -12,7 +14,11 @@ execute_process(
   ERROR_QUIET)
 if(NOT rc EQUAL 0 OR SEQREC_REVISION STREQUAL "")
   # A source tarball, no git, or a checkout git refuses to read (another owner).
-  set(SEQREC_REVISION "unknown")
+  if(FALLBACK STREQUAL "")
+    set(SEQREC_REVISION "unknown")
+  else()
+    set(SEQREC_REVISION "${FALLBACK}")
+  endif()
 endif()
 if(BUILD_TYPE STREQUAL "")
   set(BUILD_TYPE "no build type")
