@@ -2,8 +2,14 @@
 
 #include <torch/torch.h>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
 #include <mutex>
 #include <stdexcept>
+#include <string>
+#include <thread>
 
 #include "seqrec_config.h"
 #if SEQREC_HAVE_CUDA
@@ -89,6 +95,34 @@ void reset_device_peak(const at::Device& device) {
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
 #endif
   (void)device;
+}
+
+std::string describe_machine(const at::Device& device) {
+  char host[256] = {0};
+  if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "unknown");
+  std::string cpu = "unknown";
+  std::ifstream info("/proc/cpuinfo");
+  for (std::string line; std::getline(info, line);)
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      cpu = line.substr(line.find(':') + 1);
+      cpu.erase(0, cpu.find_first_not_of(" \t"));
+      break;
+    }
+  std::string out = std::string("host ") + host + ", CPU " + cpu + " (" +
+                    std::to_string(std::thread::hardware_concurrency()) + " logical cores)";
+#if SEQREC_HAVE_CUDA
+  if (device.is_cuda()) {
+    cudaDeviceProp prop;
+    const int index = device.has_index() ? device.index() : static_cast<int>(c10::cuda::current_device());
+    if (cudaGetDeviceProperties(&prop, index) == cudaSuccess) {
+      char gib[32];
+      std::snprintf(gib, sizeof gib, "%.1f", static_cast<double>(prop.totalGlobalMem) / (1ull << 30));
+      out += ", GPU " + std::string(prop.name) + " (" + gib + " GiB)";
+    }
+  }
+#endif
+  (void)device;
+  return out;
 }
 
 }  // namespace seqrec::train

@@ -31,4 +31,9 @@ void set_device_generator_state(const at::Device& device, const at::Tensor& stat
 double device_peak_mib(const at::Device& device);
 void reset_device_peak(const at::Device& device);
 
+// The machine a sitting ran on, so that its times can be read with it: "host vm, CPU Intel(R)
+// Xeon(R) Processor (2 logical cores)", and for a CUDA device ", GPU NVIDIA H100 80GB HBM3 (79.1
+// GiB)". The CPU's name is /proc/cpuinfo's first "model name" ("unknown" where there is none).
+std::string describe_machine(const at::Device& device);
+
 }  // namespace seqrec::train

@@ -218,7 +218,7 @@ namespace {
 // states in words, and flags.txt. Read once; describe_run and compare_runs format it.
 struct RunFacts {
   std::string dir, model, dataset, select_metric, select_candidates, last_select, test_line, stop_line, error_line,
-      done_time, device;
+      done_time, device, machine, done_machine;  // machine: the sitting's; done_machine: the last finished one's
   int64_t sittings = 0, last_epoch = -1, epochs = -1, last_step = -1, selected_epoch = -1;
   double peak_rss = -1, peak_gpu = -1;  // peak_gpu: --device cuda sittings only
   std::vector<MetricsRecord> records;
@@ -318,10 +318,13 @@ RunFacts read_run(const std::string& dir) {
       if (starts_with(line, "[setup] dataset=")) {
         ++f.sittings;
         f.builds.emplace_back();
+        f.machine.clear();
         f.dataset = field_after(line, "dataset=");
         f.device = field_after(line, " device=");  // absent in logs of older binaries: the CPU
         f.stop_line.clear();
         f.error_line.clear();
+      } else if (starts_with(line, "[setup] machine: ")) {
+        f.machine = line.substr(17);
       } else if (starts_with(line, "[setup] build: ") && !f.builds.empty()) {
         f.builds.back() = line.substr(15);
       } else if (starts_with(line, "[setup] model=")) {
@@ -356,6 +359,7 @@ RunFacts read_run(const std::string& dir) {
       } else if (starts_with(line, "[done] steps=")) {
         f.last_step = std::atoll(field_after(line, "steps=").c_str());
         f.done_time = field_after(line, "train time/epoch=");
+        f.done_machine = f.machine;
         f.peak_rss = std::max(f.peak_rss, std::atof(field_after(line, "peak RSS/rank=").c_str()));
         const std::string gpu = field_after(line, "peak GPU memory allocated=");
         if (!gpu.empty()) f.peak_gpu = std::max(f.peak_gpu, std::atof(gpu.c_str()));
@@ -484,6 +488,8 @@ std::string describe_run(const std::string& dir) {
         << fixed(f.peak_rss, 0) << " MiB"
         << (f.peak_gpu >= 0 ? ", peak GPU memory allocated " + fixed(f.peak_gpu, 0) + " MiB" : "")
         << " (the largest finished sitting)\n";
+  if (!f.done_time.empty() && !f.done_machine.empty())
+    out << "  machine (the last finished sitting): " << f.done_machine << "\n";
   return out.str();
 }
 

@@ -668,6 +668,7 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
            " ranks=" + std::to_string(world) + " threads/rank=" + std::to_string(at::get_num_threads()) +
            " device=" + device.str());
   log.line("[setup] build: " + io::describe_build());
+  log.line("[setup] machine: " + describe_machine(device) + (world > 1 ? " (rank 0's)" : ""));
   if (ops::matmul_precision() == "high")
     log.line(std::string("[setup] matmul_precision=high") +
              (device.is_cuda() ? ": float32 products on TensorFloat-32 tensor cores"

@@ -6,6 +6,7 @@
 #include <map>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include <signal.h>
 #include <fcntl.h>
@@ -893,10 +894,10 @@ TEST_F(Cli, RunFlagsFileContinuesTheRun) {
   EXPECT_FALSE(fs::exists(out));
 }
 
-// `seqrec --version` names the build; each sitting logs it, checkpoints record it, and a run
-// resumed by another build says so in its log and in `seqrec info`. The other build is a copy of
-// this executable whose marked revision is overwritten.
-TEST_F(Cli, RunsAndCheckpointsNameTheirBuild) {
+// `seqrec --version` names the build; each sitting logs it and its machine, checkpoints record
+// the build, and a run resumed by another build says so in its log and in `seqrec info`. The
+// other build is a copy of this executable whose marked revision is overwritten.
+TEST_F(Cli, RunsNameTheirBuildAndMachine) {
   auto v = run_seqrec("--version");
   ASSERT_EQ(v.code, 0) << v.output;
   const std::string rev = built_revision(seqrec_bin());
@@ -924,6 +925,14 @@ TEST_F(Cli, RunsAndCheckpointsNameTheirBuild) {
   EXPECT_TRUE(contains(b.output, "[resume] the checkpoint was written by " + theirs + "; this sitting runs " + mine))
       << b.output;
   EXPECT_TRUE(contains(b.output, "[setup] build: " + mine)) << b.output;
+  std::string cpu;
+  for (const auto& line : read_lines("/proc/cpuinfo"))
+    if (cpu.empty() && line.rfind("model name", 0) == 0) cpu = line.substr(line.find_first_not_of(" \t", line.find(':') + 1));
+  char host[256] = {0};
+  ASSERT_EQ(gethostname(host, sizeof host - 1), 0);
+  EXPECT_TRUE(contains(b.output, std::string("[setup] machine: host ") + host + ", CPU " + (cpu.empty() ? "unknown" : cpu) +
+                                     " (" + std::to_string(std::thread::hardware_concurrency()) + " logical cores)\n"))
+      << b.output;
   auto info = run_seqrec("info " + run);
   ASSERT_EQ(info.code, 0) << info.output;
   EXPECT_TRUE(contains(info.output, "  builds: sitting 1: " + theirs + "; sitting 2: " + mine + "\n")) << info.output;
@@ -940,6 +949,8 @@ TEST_F(Cli, RunsAndCheckpointsNameTheirBuild) {
   EXPECT_FALSE(contains(c.output, "written by")) << c.output;
   info = run_seqrec("info " + run);
   EXPECT_TRUE(contains(info.output, "  builds: sitting 1: " + theirs + "; sittings 2-3: " + mine + "\n")) << info.output;
+  EXPECT_TRUE(contains(info.output, std::string("  machine (the last finished sitting): host ") + host + ", CPU "))
+      << info.output;
 }
 
 TEST_F(Cli, CorruptShardsAreNamed) {
