@@ -19,7 +19,7 @@ struct BuildInfo {
 
 const BuildInfo& build_info();
 
-// One line: "seqrec ebd11bc4f2a1 (LibTorch 1.13.1, CPU only, MPI, GNU 12.2.0, Release)".
+// One line: "seqrec ebd11bc4f2a1 (LibTorch 1.13.0, CPU only, MPI, GNU 12.2.0, Release)".
 std::string describe_build();
 
 }  // namespace seqrec::io

@@ -81,8 +81,9 @@ inline std::string copy_as_another_build(const std::string& path, std::string* w
   const std::string other(rev.size(), 'f');
   bytes.replace(at + marked.size() - rev.size(), rev.size(), other);
   std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f || std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size()) return *why = "cannot write " + path, "";
-  std::fclose(f);
+  const bool written = f && std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  if (f) std::fclose(f);
+  if (!written) return *why = "cannot write " + path, "";
   std::filesystem::permissions(path, std::filesystem::perms::owner_all);
   return other;
 }
