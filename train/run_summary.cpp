@@ -579,6 +579,23 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
   if (protocols.empty()) out << "  (no run has a test evaluation yet)\n";
   out << line(head);
   for (const auto& row : rows) out << line(row);
+  // Runs trained by more than one build: a seed study across builds is worth knowing of (a
+  // change between them may have moved the figures). A run resumed by another build counts
+  // under each; runs that did not log their build (before 2026-12-06) are not counted.
+  std::map<std::string, std::vector<std::string>> by_build;
+  for (const auto& f : runs) {
+    std::set<std::string> seen;
+    for (const auto& b : f.builds)
+      if (!b.empty() && seen.insert(b).second) by_build[b].push_back(f.dir);
+  }
+  if (by_build.size() > 1) {
+    out << "trained by " << by_build.size() << " builds (a run resumed by another build under each):\n";
+    for (const auto& [build, dirs_of] : by_build) {
+      out << "  " << build << ":";
+      for (const auto& d : dirs_of) out << " " << d;
+      out << "\n";
+    }
+  }
 
   // Runs whose flags are equal but for the seed and how the run was executed: the spread over
   // seeds, over the runs that have finished (been tested). A flag one run does not record (an

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -467,6 +468,28 @@ TEST(RunSummary, ComparesRunsAndGroupsSeeds) {
                       "[1] NDCG@10 0.5900 +- 0.0141; [2] HR@10 0.1300 +- 0.0000; [2] NDCG@10 0.0590 +- 0.0014\n"),
             std::string::npos) << text;
   EXPECT_EQ(text.find("seeds 42)"), std::string::npos) << "d is alone in its group: " << text;
+  EXPECT_EQ(text.find("builds"), std::string::npos) << "no run logged its build: " << text;
+
+  // Runs trained by more than one build are listed by build (a run resumed by another build under
+  // each); one build, or runs that logged none, add nothing.
+  const auto sitting_by = [](const std::string& dir, const std::string& build, bool first) {
+    std::ifstream in(std::filesystem::path(dir) / "train.log");
+    std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string line = "[setup] build: " + build + "\n";
+    if (first) log.insert(log.find('\n') + 1, line);
+    else log += "[setup] dataset=ml-1m users=6040\n" + line;
+    std::ofstream(std::filesystem::path(dir) / "train.log") << log;
+  };
+  sitting_by(a, "seqrec aaa (toy)", true);
+  sitting_by(b, "seqrec aaa (toy)", true);
+  EXPECT_EQ(train::compare_runs({a, b, c}, {"NDCG@10"}).find("builds"), std::string::npos);
+  sitting_by(b, "seqrec bbb (toy)", false);
+  sitting_by(c, "seqrec bbb (toy)", true);
+  const std::string builds = train::compare_runs({a, b, c}, {"NDCG@10"});
+  EXPECT_NE(builds.find("trained by 2 builds (a run resumed by another build under each):\n  seqrec aaa (toy): " + a + " " +
+                        b + "\n  seqrec bbb (toy): " + b + " " + c + "\n"),
+            std::string::npos)
+      << builds;
 
   // Two groups of one model are each named by the flags that set them apart; execution flags
   // (threads, resume, out) and the seed name none.
