@@ -302,6 +302,12 @@ int cmd_info(const std::vector<std::string>& positional) {
   require(!path.empty(), "give a dataset directory or a checkpoint directory (positional, --data or --checkpoint)");
   namespace fs = std::filesystem;
   require(fs::exists(path), "no such file or directory: '" + path + "'");
+  // A dataset's meta.h5 named itself stands for its dataset; any other file is none of the three.
+  if (!fs::is_directory(path) && fs::path(path).filename() == "meta.h5") path = fs::path(path).parent_path().string();
+  if (path.empty()) path = ".";
+  require(fs::is_directory(path), "'" + path +
+                                      "' is a file; give a dataset directory (meta.h5), a run directory (train.log) "
+                                      "or a checkpoint directory (MANIFEST)");
   if (fs::exists(fs::path(path) / "meta.h5")) {
     std::printf("%s", io::describe(io::read_meta(path)).c_str());
     return 0;
@@ -391,6 +397,10 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   if (cmd == "--version" || cmd == "version") {
+    if (argc > 2) {
+      std::fprintf(stderr, "seqrec %s: takes no arguments, got '%s'\n", cmd.c_str(), argv[2]);
+      return kUsageError;
+    }
     std::printf("%s\n", io::describe_build().c_str());
     if (io::build_info().cuda) std::printf("CUDA devices visible: %d\n", static_cast<int>(torch::cuda::device_count()));
     return 0;

@@ -135,6 +135,11 @@ TEST_F(Cli, TrainsEvaluatesAndReportsProtocols) {
   auto dinfo = run_seqrec("info " + data());
   ASSERT_EQ(dinfo.code, 0) << dinfo.output;
   EXPECT_TRUE(contains(dinfo.output, "300")) << dinfo.output;
+  // A dataset's meta.h5 stands for its dataset; any other file is refused by name.
+  EXPECT_EQ(run_seqrec("info " + data() + "/meta.h5").output, dinfo.output);
+  auto file = run_seqrec("info " + run + "/train.log");
+  EXPECT_EQ(file.code, 2) << file.output;
+  EXPECT_TRUE(contains(file.output, "'" + run + "/train.log' is a file; give a dataset directory")) << file.output;
   // Several run directories side by side; the same run twice is a group of two runs alike but
   // for the seed, with no spread. A path that is not a run is named.
   auto both = run_seqrec("info " + run + " " + run + " --metrics NDCG@10,MRR");
@@ -904,6 +909,9 @@ TEST_F(Cli, RunsNameTheirBuildAndMachine) {
   ASSERT_FALSE(rev.empty()) << v.output;
   EXPECT_TRUE(contains(v.output, "LibTorch ")) << v.output;
   EXPECT_EQ(run_seqrec("version").output, v.output);
+  auto extra = run_seqrec("--version " + data());
+  EXPECT_EQ(extra.code, 2) << extra.output;
+  EXPECT_TRUE(contains(extra.output, "takes no arguments")) << extra.output;
   const std::string mine = v.output.substr(0, v.output.find('\n'));
 
   std::string why;
