@@ -1,6 +1,8 @@
 #include "train/run_summary.h"
 
 #include <algorithm>
+#include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -123,6 +125,38 @@ std::string field_after(const std::string& line, const std::string& key) {
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 
+// A duration as the trainer's progress line writes it ("6h43m", "27m04s", "9s") in seconds; -1
+// where it is none ("?").
+double parse_duration(const std::string& text) {
+  double total = 0;
+  size_t i = 0;
+  bool any = false;
+  while (i < text.size()) {
+    size_t j = i;
+    while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
+    if (j == i || j == text.size()) return -1;
+    const double n = std::atof(text.substr(i, j - i).c_str());
+    const char unit = text[j];
+    if (unit == 'h') total += 3600 * n;
+    else if (unit == 'm') total += 60 * n;
+    else if (unit == 's') total += n;
+    else return -1;
+    any = true;
+    i = j + 1;
+  }
+  return any ? total : -1;
+}
+
+// Seconds as "6h43m", "27m04s" or "9s", the progress line's form.
+std::string duration_text(double seconds) {
+  const int64_t t = static_cast<int64_t>(std::max(0.0, seconds) + 0.5);
+  char buf[32];
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(t / 3600), static_cast<long long>(t % 3600 / 60));
+  else if (t >= 60) std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(t / 60), static_cast<long long>(t % 60));
+  else std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(t));
+  return buf;
+}
+
 // v with `digits` decimals; with `sign`, a plus before a positive figure too (differences).
 std::string fixed(double v, int digits, bool sign = false) {
   char buf[64];
@@ -220,6 +254,9 @@ struct RunFacts {
   std::string dir, model, dataset, select_metric, select_candidates, last_select, test_line, stop_line, error_line,
       done_time, device, machine, done_machine;  // machine: the sitting's; done_machine: the last finished one's
   int64_t sittings = 0, last_epoch = -1, epochs = -1, last_step = -1, selected_epoch = -1;
+  int64_t steps_per_epoch = -1;  // the last sitting's, from its "[setup] model=" line
+  double eta_seconds = -1;       // the last progress line's time to the planned epochs, at its sitting's pace
+  double log_age_seconds = -1;   // since train.log was last written
   double peak_rss = -1, peak_gpu = -1;  // peak_gpu: --device cuda sittings only
   std::vector<MetricsRecord> records;
   std::vector<std::string> builds;           // per sitting, its "[setup] build:" ("" where not logged)
@@ -329,6 +366,8 @@ RunFacts read_run(const std::string& dir) {
         f.builds.back() = line.substr(15);
       } else if (starts_with(line, "[setup] model=")) {
         f.model = field_after(line, "model=");
+        const std::string spe = field_after(line, " steps/epoch=");
+        if (!spe.empty()) f.steps_per_epoch = std::atoll(spe.c_str());
       } else if (starts_with(line, "[setup] model selection: valid ")) {
         const auto under = line.find(" under \"");
         f.select_metric = line.substr(31, under == std::string::npos ? std::string::npos : under - 31);
@@ -344,6 +383,7 @@ RunFacts read_run(const std::string& dir) {
         f.last_epoch = std::atoll(e.c_str());
         if (const auto slash = e.find('/'); slash != std::string::npos) f.epochs = std::atoll(e.c_str() + slash + 1);
         f.last_step = std::atoll(field_after(line, " step ").c_str());
+        f.eta_seconds = parse_duration(field_after(line, " ETA(epochs) "));
       } else if (starts_with(line, "[stop] ")) {
         f.stop_line = line.substr(7);
       } else if (starts_with(line, "[error] ")) {
@@ -382,6 +422,10 @@ RunFacts read_run(const std::string& dir) {
   for (const auto& r : f.records)
     if (r.text.count("dataset")) f.dataset = r.text.at("dataset");
   f.lock = run_lock_holder(dir);
+  std::error_code ec;
+  const auto written = fs::last_write_time(fs::path(dir) / "train.log", ec);
+  if (!ec)
+    f.log_age_seconds = std::chrono::duration<double>(fs::file_time_type::clock::now() - written).count();
   return f;
 }
 
@@ -432,6 +476,7 @@ std::string describe_run(const std::string& dir) {
 
   // The selection metric at every validation under the selection protocol (the last record of
   // an epoch that was validated twice, as after a resume from an earlier checkpoint).
+  int64_t stop_at = -1;  // where patience would stop an unfinished run, if no validation improves
   if (!f.select_metric.empty()) {
     std::map<int64_t, double> curve;
     for (const auto& r : f.records)
@@ -450,7 +495,7 @@ std::string describe_run(const std::string& dir) {
     if (patience > 0 && every > 0 && f.unfinished() && f.selected_epoch >= 0 && !curve.empty()) {
       int64_t since = 0;
       for (const auto& [epoch, v] : curve) since += epoch > f.selected_epoch;
-      const int64_t stop_at = curve.rbegin()->first + std::max<int64_t>(patience - since, 0) * every;
+      stop_at = curve.rbegin()->first + std::max<int64_t>(patience - since, 0) * every;
       out << "  patience: " << since << " of " << patience << " validation(s) since the best (epoch " << f.selected_epoch
           << ") without a new best; ";
       if (f.epochs > 0 && stop_at >= f.epochs)
@@ -459,6 +504,20 @@ std::string describe_run(const std::string& dir) {
         out << "unless one improves, it stops after validating epoch " << stop_at
             << (f.epochs > 0 ? " (planned: " + std::to_string(f.epochs) + ")" : "") << "\n";
     }
+  }
+  // A run a trainer is running now: how long it has left at its sitting's pace, as the last
+  // progress line put it (with that line's age: the log is written only every --log_every
+  // steps), and how long to where patience would stop it.
+  if (f.lock.state == RunLockHolder::State::kHeld && f.unfinished() && f.eta_seconds >= 0) {
+    out << "  time left: about " << duration_text(f.eta_seconds) << " to the planned last epoch";
+    const double planned_left = static_cast<double>(f.epochs * f.steps_per_epoch - f.last_step);
+    if (stop_at > 0 && stop_at < f.epochs && f.steps_per_epoch > 0 && f.last_step >= 0 && planned_left > 0)
+      out << ", about "
+          << duration_text(f.eta_seconds / planned_left *
+                           std::max<double>(0.0, static_cast<double>(stop_at * f.steps_per_epoch - f.last_step)))
+          << " to the patience stop after epoch " << stop_at;
+    out << " (at this sitting's pace, from the last progress line"
+        << (f.log_age_seconds >= 0 ? ", written " + duration_text(f.log_age_seconds) + " ago" : "") << ")\n";
   }
 
   // The selected model, with every protocol validated at its epoch.

@@ -396,7 +396,8 @@ TEST(RunSummary, TellsARunInProgressFromAnInterruptedOne) {
 }
 
 // An unfinished run under --patience says how many validations it has gone without a new best
-// and after which epoch's validation it stops unless one improves.
+// and after which epoch's validation it stops unless one improves; while a trainer runs it, how
+// long that is at its pace.
 TEST(RunSummary, SaysWhereAPatientRunWouldStop) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("seqrec-run-patience-" + std::to_string(::getpid()));
@@ -421,6 +422,23 @@ TEST(RunSummary, SaysWhereAPatientRunWouldStop) {
   EXPECT_NE(text.find("  patience: 1 of 3 validation(s) since the best (epoch 10) without a new best; unless one "
                       "improves, it stops after validating epoch 25 (planned: 100)\n"),
             std::string::npos) << text;
+  EXPECT_EQ(text.find("time left"), std::string::npos) << "no trainer holds the run: " << text;
+  // While a trainer holds the run (here the test), the time left at the last progress line's
+  // pace: 840 steps to the planned 100 epochs of 10 steps in 14 minutes is a second a step, and
+  // patience's stop after epoch 25 is 90 steps away.
+  std::ofstream(dir / "train.log") << "[setup] dataset=ml-1m users=10\n"
+                                      "[setup] model=sasrec params=1 max_len=20 steps/epoch=10 length_groups=1\n"
+                                      "[setup] model selection: valid NDCG@10 under \"" + sampled + "\"\n"
+                                      "[select] new best valid NDCG@10=0.6200 at epoch 10\n"
+                                      "[train] epoch 16/100 step 160 loss 1 lr 0.001 seq/s 5 ETA(epochs) 14m00s RSS/rank 9 MiB\n";
+  {
+    train::RunDirLock lock;
+    ASSERT_EQ(lock.acquire(dir.string()), "");
+    text = train::describe_run(dir.string());
+    EXPECT_NE(text.find("  time left: about 14m00s to the planned last epoch, about 1m30s to the patience stop after "
+                        "epoch 25 (at this sitting's pace, from the last progress line, written "),
+              std::string::npos) << text;
+  }
   log(20);  // the planned epochs come first
   text = train::describe_run(dir.string());
   EXPECT_NE(text.find("without a new best; it runs to its planned last epoch, 20\n"), std::string::npos) << text;
