@@ -356,6 +356,7 @@ RunFacts read_run(const std::string& dir) {
         ++f.sittings;
         f.builds.emplace_back();
         f.machine.clear();
+        f.eta_seconds = -1;  // a new sitting has its own pace
         f.dataset = field_after(line, "dataset=");
         f.device = field_after(line, " device=");  // absent in logs of older binaries: the CPU
         f.stop_line.clear();
