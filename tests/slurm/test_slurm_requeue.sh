@@ -100,6 +100,7 @@ s_cap=$(wait_end "$capped" 60)
 s_can=$(wait_end "$cancelled" 60)
 check "the reference job completed ($s_ref)" test "$s_ref" = COMPLETED
 check "it ran at 2 ranks" grep -q 'ranks=2 ' reference.out
+check "the job's output names the build" grep -q "^\[slurm\] .*: seqrec .* (LibTorch " reference.out
 # Every evaluation of a run, but for the time it took.
 metrics() { sed 's/,"seconds":[0-9.e+-]*//' "$1/metrics.jsonl"; }
 for name in requeued requeued-mpirun; do
