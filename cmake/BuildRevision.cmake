@@ -1,9 +1,10 @@
 # Script mode (cmake -P), run by the seqrec_revision target at every build and once at configure
 # time: writes OUT, a header naming the source tree's git revision (`git describe --always
-# --dirty`), and the toolchain facts passed in, so that `seqrec --version`, every training
-# sitting's log and every checkpoint say which code made them. file(CONFIGURE) rewrites OUT only
-# when its text changes, so an unchanged revision recompiles nothing.
-#   -DSOURCE_DIR=... -DOUT=... -DTORCH_VERSION=... -DCOMPILER=... -DBUILD_TYPE=... [-DFALLBACK=...]
+# --dirty`), so that `seqrec --version`, every training sitting's log, every checkpoint and every
+# dataset say which code made them. file(CONFIGURE) rewrites OUT only when its text changes, and
+# only launcher/revision.cpp includes it, so a new revision recompiles one file and relinks the
+# seqrec executable alone.
+#   -DSOURCE_DIR=... -DOUT=... [-DFALLBACK=...]
 # FALLBACK (the SEQREC_REVISION cache variable) names the revision where git cannot: a source
 # tarball, or a copy of the tree without its .git (the GPU machine's).
 # Only the source tree's own checkout counts: a tarball unpacked inside some other repository
@@ -35,14 +36,8 @@ if(NOT rc EQUAL 0 OR SEQREC_REVISION STREQUAL "")
     set(SEQREC_REVISION "${FALLBACK}")
   endif()
 endif()
-if(BUILD_TYPE STREQUAL "")
-  set(BUILD_TYPE "no build type")
-endif()
 file(CONFIGURE OUTPUT "${OUT}" CONTENT [[
 #pragma once
-// Generated at build time by cmake/BuildRevision.cmake; included by io/build_info.cpp only.
+// Generated at build time by cmake/BuildRevision.cmake; included by launcher/revision.cpp only.
 #define SEQREC_REVISION "@SEQREC_REVISION@"
-#define SEQREC_TORCH_VERSION "@TORCH_VERSION@"
-#define SEQREC_COMPILER "@COMPILER@"
-#define SEQREC_BUILD_TYPE "@BUILD_TYPE@"
 ]] @ONLY)

@@ -1,9 +1,11 @@
 #pragma once
 // Which code this binary is: the source tree's git revision at build time (`git describe
-// --always --dirty`: a "-dirty" suffix means uncommitted changes were built; "unknown" outside a
-// git checkout) and the toolchain. `seqrec --version` prints it, every training sitting logs it
-// ("[setup] build: ..."), checkpoints record it (meta "build"), and ranks of one job must agree
-// on it. Nothing here needs Torch.
+// --always --dirty`: a "-dirty" suffix means uncommitted changes were built; "unknown" where git
+// could not tell) and the toolchain. `seqrec --version` prints it, every training sitting logs it
+// ("[setup] build: ..."), checkpoints and datasets record it, and ranks of one job must agree on
+// it. The seqrec executable sets the revision first thing in main (launcher/revision.cpp, the one
+// file a new revision recompiles); in any other program (the test binaries) it reads "unset".
+// Nothing here needs Torch.
 #include <string>
 
 namespace seqrec::io {
@@ -17,7 +19,8 @@ struct BuildInfo {
   bool mpi = false;        // the MPI backend compiled in
 };
 
-const BuildInfo& build_info();
+BuildInfo build_info();
+void set_build_revision(const std::string& revision);
 
 // One line: "seqrec ebd11bc4f2a1 (LibTorch 1.13.0, CPU only, MPI, GNU 12.2.0, Release)".
 std::string describe_build();

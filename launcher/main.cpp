@@ -25,6 +25,7 @@
 #include "io/log.h"
 #include "io/prepare.h"
 #include "launcher/flags.h"
+#include "launcher/revision.h"
 #include "models/model.h"
 #include "ops/kernels.h"
 #include "train/checkpoint.h"
@@ -364,6 +365,7 @@ int cmd_info(const std::vector<std::string>& positional) {
 
 int main(int argc, char** argv) {
   using namespace seqrec;
+  io::set_build_revision(built_revision());
   // OpenMP threads that spin after a parallel region take the core from OpenBLAS's own
   // threads (2.5x slower SASRec epochs at --threads 2 here). The OpenMP runtime reads its
   // wait policy when it is loaded, before main, so set it and start again once.

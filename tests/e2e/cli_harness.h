@@ -55,18 +55,18 @@ inline bool contains(const std::string& haystack, const std::string& needle) {
 }
 
 // The git revision `seqrec --version` names ("seqrec REV (LibTorch ...)"), or "" if it names none.
-inline std::string built_revision(const std::string& bin) {
+inline std::string revision_of(const std::string& bin) {
   const RunResult r = run_command(bin + " --version");
   if (r.code != 0 || r.output.rfind("seqrec ", 0) != 0) return "";
   return r.output.substr(7, r.output.find(" (") - 7);
 }
 
 // A copy of the seqrec executable at `path` that names another build: the revision behind the
-// marker io/build_info.cpp puts in the binary is overwritten, byte for byte, with as many 'f's
+// marker launcher/revision.cpp puts in the binary is overwritten, byte for byte, with as many 'f's
 // (so the copy runs the same code and calls itself a different revision). Returns that
 // revision, or "" with `why` set when the executable has no marked revision.
 inline std::string copy_as_another_build(const std::string& path, std::string* why) {
-  const std::string rev = built_revision(seqrec_bin());
+  const std::string rev = revision_of(seqrec_bin());
   std::string bytes;
   {
     std::FILE* f = std::fopen(seqrec_bin().c_str(), "rb");

@@ -905,7 +905,7 @@ TEST_F(Cli, RunFlagsFileContinuesTheRun) {
 TEST_F(Cli, RunsNameTheirBuildAndMachine) {
   auto v = run_seqrec("--version");
   ASSERT_EQ(v.code, 0) << v.output;
-  const std::string rev = built_revision(seqrec_bin());
+  const std::string rev = revision_of(seqrec_bin());
   ASSERT_FALSE(rev.empty()) << v.output;
   EXPECT_TRUE(contains(v.output, "LibTorch ")) << v.output;
   EXPECT_EQ(run_seqrec("version").output, v.output);

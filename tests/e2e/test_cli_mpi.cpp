@@ -304,7 +304,7 @@ TEST_F(CliMpi, RanksOfAnotherBuildFailNamingTheRank) {
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.code, 124) << "hung";
   EXPECT_TRUE(contains(r.output, "rank 1 runs a different configuration from rank 0: 'build: seqrec " +
-                                     built_revision(seqrec_bin()) + " (")) << r.output;
+                                     revision_of(seqrec_bin()) + " (")) << r.output;
   EXPECT_TRUE(contains(r.output, "'build: seqrec " + other + " (")) << r.output;
   EXPECT_FALSE(fs::exists(out + "/checkpoints")) << "nothing may be trained";
 }
