@@ -125,38 +125,6 @@ std::string field_after(const std::string& line, const std::string& key) {
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 
-// A duration as the trainer's progress line writes it ("6h43m", "27m04s", "9s") in seconds; -1
-// where it is none ("?").
-double parse_duration(const std::string& text) {
-  double total = 0;
-  size_t i = 0;
-  bool any = false;
-  while (i < text.size()) {
-    size_t j = i;
-    while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
-    if (j == i || j == text.size()) return -1;
-    const double n = std::atof(text.substr(i, j - i).c_str());
-    const char unit = text[j];
-    if (unit == 'h') total += 3600 * n;
-    else if (unit == 'm') total += 60 * n;
-    else if (unit == 's') total += n;
-    else return -1;
-    any = true;
-    i = j + 1;
-  }
-  return any ? total : -1;
-}
-
-// Seconds as "6h43m", "27m04s" or "9s", the progress line's form.
-std::string duration_text(double seconds) {
-  const int64_t t = static_cast<int64_t>(std::max(0.0, seconds) + 0.5);
-  char buf[32];
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(t / 3600), static_cast<long long>(t % 3600 / 60));
-  else if (t >= 60) std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(t / 60), static_cast<long long>(t % 60));
-  else std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(t));
-  return buf;
-}
-
 // v with `digits` decimals; with `sign`, a plus before a positive figure too (differences).
 std::string fixed(double v, int digits, bool sign = false) {
   char buf[64];
@@ -450,6 +418,39 @@ std::string builds_line(const std::vector<std::string>& builds) {
 
 }  // namespace
 
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const int64_t t = static_cast<int64_t>(s + 0.5);
+  char buf[32];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(t / 3600), static_cast<long long>(t % 3600 / 60));
+  else if (t >= 60)
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(t / 60), static_cast<long long>(t % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(t));
+  return buf;
+}
+
+double parse_duration(const std::string& text) {
+  double total = 0;
+  size_t i = 0;
+  bool any = false;
+  while (i < text.size()) {
+    size_t j = i;
+    while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
+    if (j == i || j == text.size()) return -1;
+    const double n = std::atof(text.substr(i, j - i).c_str());
+    const char unit = text[j];
+    if (unit == 'h') total += 3600 * n;
+    else if (unit == 'm') total += 60 * n;
+    else if (unit == 's') total += n;
+    else return -1;
+    any = true;
+    i = j + 1;
+  }
+  return any ? total : -1;
+}
+
 std::string describe_run(const std::string& dir) {
   const RunFacts f = read_run(dir);
   std::ostringstream out;
@@ -510,15 +511,15 @@ std::string describe_run(const std::string& dir) {
   // progress line put it (with that line's age: the log is written only every --log_every
   // steps), and how long to where patience would stop it.
   if (f.lock.state == RunLockHolder::State::kHeld && f.unfinished() && f.eta_seconds >= 0) {
-    out << "  time left: about " << duration_text(f.eta_seconds) << " to the planned last epoch";
+    out << "  time left: about " << format_duration(f.eta_seconds) << " to the planned last epoch";
     const double planned_left = static_cast<double>(f.epochs * f.steps_per_epoch - f.last_step);
     if (stop_at > 0 && stop_at < f.epochs && f.steps_per_epoch > 0 && f.last_step >= 0 && planned_left > 0)
       out << ", about "
-          << duration_text(f.eta_seconds / planned_left *
-                           std::max<double>(0.0, static_cast<double>(stop_at * f.steps_per_epoch - f.last_step)))
+          << format_duration(f.eta_seconds / planned_left *
+                             std::max<double>(0.0, static_cast<double>(stop_at * f.steps_per_epoch - f.last_step)))
           << " to the patience stop after epoch " << stop_at;
     out << " (at this sitting's pace, from the last progress line"
-        << (f.log_age_seconds >= 0 ? ", written " + duration_text(f.log_age_seconds) + " ago" : "") << ")\n";
+        << (f.log_age_seconds >= 0 ? ", written " + format_duration(std::max(0.0, f.log_age_seconds)) + " ago" : "") << ")\n";
   }
 
   // The selected model, with every protocol validated at its epoch.

@@ -20,6 +20,12 @@ struct MetricsRecord {
 // std::invalid_argument naming what is wrong.
 MetricsRecord parse_metrics_line(const std::string& line);
 
+// The progress line's durations: format_duration writes seconds as "6h43m", "27m04s" or "9s"
+// ("?" for a negative or non-finite figure), parse_duration reads that form back (-1 for "?" or
+// anything else).
+std::string format_duration(double seconds);
+double parse_duration(const std::string& text);
+
 // True when `dir` holds a run (train.log or metrics.jsonl).
 bool is_run_directory(const std::string& dir);
 

@@ -30,6 +30,7 @@
 #include "ops/softmax_loss/softmax_loss.h"
 #include "train/checkpoint.h"
 #include "train/device.h"
+#include "train/run_summary.h"
 #include "train/host_allocator.h"
 #include "train/profiler.h"
 #include "train/run_lock.h"
@@ -51,15 +52,6 @@ double resident_mib() {
   return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1 << 20);
 }
 
-std::string format_duration(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
-  const int64_t t = static_cast<int64_t>(s + 0.5);
-  std::ostringstream o;
-  if (t >= 3600) o << t / 3600 << "h" << std::setw(2) << std::setfill('0') << (t % 3600) / 60 << "m";
-  else if (t >= 60) o << t / 60 << "m" << std::setw(2) << std::setfill('0') << t % 60 << "s";
-  else o << t << "s";
-  return o.str();
-}
 
 // Rank 0 writes the run's human log (stdout + <out>/train.log) and metrics.jsonl.
 class RunLog {

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 
 #include "io/remove_tree.h"
+#include "tests/test_files.h"
 
 namespace seqrec::testing {
 
@@ -67,14 +68,8 @@ inline std::string revision_of(const std::string& bin) {
 // revision, or "" with `why` set when the executable has no marked revision.
 inline std::string copy_as_another_build(const std::string& path, std::string* why) {
   const std::string rev = revision_of(seqrec_bin());
-  std::string bytes;
-  {
-    std::FILE* f = std::fopen(seqrec_bin().c_str(), "rb");
-    if (!f) return *why = "cannot read " + seqrec_bin(), "";
-    char buf[1 << 16];
-    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) bytes.append(buf, n);
-    std::fclose(f);
-  }
+  std::string bytes = read_file(seqrec_bin());
+  if (bytes.empty()) return *why = "cannot read " + seqrec_bin(), "";
   const std::string marked = "seqrec-revision:" + rev;
   const auto at = bytes.find(marked + '\0');
   if (rev.empty() || at == std::string::npos) return *why = "no marked revision in " + seqrec_bin(), "";

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -15,6 +14,7 @@
 #include <unistd.h>
 
 #include "dist/comm.h"
+#include "tests/test_files.h"
 #include "io/dataset.h"
 #include "io/remove_tree.h"
 #include "models/model.h"
@@ -180,6 +180,20 @@ TEST(Evaluator, ProtocolDescriptionsNameEverything) {
 
 // metrics.jsonl lines read back exactly as result_json wrote them, escapes included; a malformed
 // line is an error naming what is wrong.
+// The progress line's durations, as the trainer writes them and `seqrec info` reads them back.
+TEST(RunSummary, ReadsBackTheProgressLinesDurations) {
+  EXPECT_EQ(train::format_duration(9.4), "9s");
+  EXPECT_EQ(train::format_duration(124), "2m04s");
+  EXPECT_EQ(train::format_duration(24180), "6h43m");
+  EXPECT_EQ(train::format_duration(-1), "?");
+  EXPECT_EQ(train::parse_duration("9s"), 9);
+  EXPECT_EQ(train::parse_duration("2m04s"), 124);
+  EXPECT_EQ(train::parse_duration(train::format_duration(24180)), 24180);
+  EXPECT_EQ(train::parse_duration("?"), -1);
+  EXPECT_EQ(train::parse_duration("12"), -1);
+  EXPECT_EQ(train::parse_duration(""), -1);
+}
+
 TEST(RunSummary, ParsesWhatResultJsonWrites) {
   train::EvalResult r;
   r.split = train::Split::kTest;
@@ -491,8 +505,7 @@ TEST(RunSummary, ComparesRunsAndGroupsSeeds) {
   // Runs trained by more than one build are listed by build (a run resumed by another build under
   // each); one build, or runs that logged none, add nothing.
   const auto sitting_by = [](const std::string& dir, const std::string& build, bool first) {
-    std::ifstream in(std::filesystem::path(dir) / "train.log");
-    std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string log = seqrec::testing::read_file(dir + "/train.log");
     const std::string line = "[setup] build: " + build + "\n";
     if (first) log.insert(log.find('\n') + 1, line);
     else log += "[setup] dataset=ml-1m users=6040\n" + line;
