@@ -32,7 +32,8 @@ DEFINE_bool(progress, true, "print progress (rows/s, ETA) on stderr");
 // prepare
 DEFINE_string(format, "", "input format: sasrec | ml-1m | ml-25m | ml-20m | taobao | generic");
 DEFINE_string(input, "", "raw interaction file (plain, .gz or .xz)");
-DEFINE_string(out, "", "output directory (dataset for prepare/synth, run directory for train)");
+DEFINE_string(out, "", "output: the dataset directory (prepare/synth), the run directory (train), the "
+                       "recommendations' TSV file (recommend; empty: stdout)");
 DEFINE_string(name, "", "dataset name (default: the input file's stem)");
 DEFINE_int64(shards, 1, "number of HDF5 shards to write");
 DEFINE_int32(kcore, 0, "iterative k-core filter on users and items; 0 = off");
@@ -49,7 +50,7 @@ DEFINE_int64(items, 500, "synth: number of items");
 DEFINE_int64(events, 50000, "synth: number of events in total");
 DEFINE_int32(clusters, 0, "synth: item clusters with Markov transitions; 0 = sqrt(items)");
 // train / eval
-DEFINE_string(data, "", "dataset directory made by 'seqrec prepare' or 'seqrec synth' (eval: by default the "
+DEFINE_string(data, "", "dataset directory made by 'seqrec prepare' or 'seqrec synth' (eval, recommend: by default the "
                         "one the checkpoint was trained on)");
 DEFINE_string(model, "sasrec", "model: sasrec | lisa | lightsans | linrec | routing | flash4rec");
 DEFINE_int64(max_len, 200, "most recent items kept per sequence");
@@ -140,9 +141,10 @@ DEFINE_string(select_metric, "NDCG@10", "validation metric for model selection a
 DEFINE_string(eval_protocol, "sampled", "sampled (1 target + N negatives) | full (rank all items)");
 DEFINE_int64(eval_negatives, 100, "negatives per user for the sampled protocol");
 DEFINE_string(eval_sampler, "uniform", "sampled negatives: uniform | popularity");
-DEFINE_bool(exclude_history, false, "full ranking: do not rank the user's history items");
+DEFINE_bool(exclude_history, false,
+            "full ranking: do not rank the user's history items (recommend: never recommend them)");
 DEFINE_bool(full_ranking, true, "also report full-ranking metrics beside sampled ones");
-DEFINE_int64(eval_batch, 64, "users scored per forward pass in evaluation");
+DEFINE_int64(eval_batch, 64, "users scored per forward pass in evaluation (and by recommend)");
 DEFINE_string(resume, "", "'auto' (newest complete checkpoint in --out), a checkpoint directory, or empty");
 DEFINE_int64(checkpoint_every, 0, "also checkpoint every N steps; 0 = at each validation only");
 DEFINE_int32(keep_checkpoints, 3, "complete checkpoints kept");
@@ -171,7 +173,15 @@ DEFINE_int64(profile_steps, 0,
              "the largest; 0 = off");
 DEFINE_int64(profile_after, 5, "--profile_steps: training steps of this sitting to run before profiling");
 DEFINE_int32(prefetch, 4, "batches prepared ahead by the loader thread; 0 = synchronous");
-DEFINE_string(checkpoint, "", "eval/info: a checkpoint directory, a run's best/ or checkpoints/ directory");
+DEFINE_string(checkpoint, "",
+              "eval/recommend/info: a checkpoint directory, a run's best/ or checkpoints/ directory");
+DEFINE_string(user_ids, "",
+              "recommend: the users to recommend for, comma-separated, by their ids in the raw input (synth "
+              "data: 0-based); empty (and no --history): every user of the dataset");
+DEFINE_string(history, "",
+              "recommend: a user outside the dataset, as their items' raw ids comma-separated, oldest first "
+              "(user features unknown)");
+DEFINE_int64(top_k, 10, "recommend: items per user");
 DEFINE_string(split, "test", "eval: valid | test");
 DEFINE_string(metrics, "HR@10,NDCG@10",
               "info with two or more run directories: the test metrics to compare, comma-separated");
@@ -218,6 +228,10 @@ const std::map<std::string, Subcommand>& subcommands() {
        {"evaluate a checkpoint on the valid or test split",
         {"checkpoint", "data", "split", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",
          "eval_batch", "seed", "device", "fused_kernels", "matmul_precision", "comm"}}},
+      {"recommend",
+       {"top-k next items from a checkpoint for the dataset's users or a given history",
+        {"checkpoint", "data", "user_ids", "history", "top_k", "exclude_history", "eval_batch", "out", "device",
+         "fused_kernels", "matmul_precision", "comm"}}},
       {"info", {"print a dataset's or a checkpoint's metadata, a run directory's results and newest checkpoint, or several runs side by side", {"data", "checkpoint", "metrics"}}},
   };
   return table;

@@ -77,6 +77,9 @@ DECLARE_int64(profile_steps);
 DECLARE_int64(profile_after);
 DECLARE_string(checkpoint);
 DECLARE_string(split);
+DECLARE_string(user_ids);
+DECLARE_string(history);
+DECLARE_int64(top_k);
 DECLARE_string(metrics);
 
 namespace seqrec {

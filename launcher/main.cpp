@@ -29,6 +29,7 @@
 #include "models/model.h"
 #include "ops/kernels.h"
 #include "train/checkpoint.h"
+#include "train/recommend.h"
 #include "train/run_summary.h"
 #include "train/trainer.h"
 
@@ -283,6 +284,28 @@ int cmd_eval(dist::Comm& comm) {
   return 0;
 }
 
+int cmd_recommend(dist::Comm& comm) {
+  require(!FLAGS_checkpoint.empty(), "--checkpoint is required");
+  require(FLAGS_top_k > 0, "--top_k must be > 0, got " + std::to_string(FLAGS_top_k));
+  require(FLAGS_eval_batch > 0, "--eval_batch must be > 0");
+  train::RecommendOptions o;
+  o.checkpoint = FLAGS_checkpoint;
+  o.data = FLAGS_data;
+  o.users = split_list(FLAGS_user_ids);
+  o.history = split_list(FLAGS_history);
+  require(!(o.users.size() && o.history.size()), "--user_ids and --history exclude each other");
+  require(FLAGS_history.empty() || !o.history.empty(), "--history names no item");
+  require(FLAGS_user_ids.empty() || !o.users.empty(), "--user_ids names no user");
+  o.k = FLAGS_top_k;
+  o.exclude_history = FLAGS_exclude_history;
+  o.batch_users = FLAGS_eval_batch;
+  o.out = FLAGS_out;
+  o.device = FLAGS_device;
+  o.stop_requested = [] { return g_stop.load(); };
+  train::run_recommend(o, comm);
+  return 0;
+}
+
 int cmd_info(const std::vector<std::string>& positional) {
   if (positional.size() > 1) {
     // Several run directories: side by side.
@@ -461,6 +484,7 @@ int main(int argc, char** argv) {
     try {
       if (cmd == "train") return cmd_train(*comm);
       if (cmd == "eval") return cmd_eval(*comm);
+      if (cmd == "recommend") return cmd_recommend(*comm);
     } catch (const UsageError&) {
       throw;
     } catch (const std::exception& e) {

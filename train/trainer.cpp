@@ -1018,43 +1018,52 @@ TrainSummary run_training(const TrainOptions& o, dist::Comm& comm) {
   }
 }
 
-void run_evaluation(const std::string& checkpoint_dir, const std::string& data, Split split,
-                    const EvalProtocol& protocol, const EvalOptions& eval, dist::Comm& comm,
-                    const std::string& device_name) {
+InferenceModel load_for_inference(const std::string& checkpoint_dir, const std::string& data, dist::Comm& comm,
+                                  const std::string& device_name, const std::string& tag) {
   const at::Device device = run_device(device_name, comm);
-  const std::string dir = resolve_checkpoint(checkpoint_dir, comm);
+  InferenceModel m;
+  m.checkpoint = resolve_checkpoint(checkpoint_dir, comm);
+  const std::string& dir = m.checkpoint;
   CheckpointManager mgr({checkpoint_dir, 1}, comm);
   auto loaded = mgr.load(dir);
   auto mo = models::parse_model_signature(loaded.shared.value("model_signature"));
   // Without --data, the dataset the checkpoint was trained on, as its run named it (a relative
   // path is relative to where that run was started).
-  std::string data_dir = data;
-  if (data_dir.empty()) {
+  m.data = data;
+  if (m.data.empty()) {
     if (!loaded.shared.meta.count("dataset") || loaded.shared.value("dataset").empty())
       throw std::invalid_argument(dir + " does not record the dataset it was trained on; pass --data");
-    data_dir = loaded.shared.value("dataset");
-    if (!fs::is_directory(data_dir))
-      throw std::invalid_argument("--data not given, and the dataset " + dir + " was trained on, '" + data_dir +
+    m.data = loaded.shared.value("dataset");
+    if (!fs::is_directory(m.data))
+      throw std::invalid_argument("--data not given, and the dataset " + dir + " was trained on, '" + m.data +
                                   "', is not a directory here (a relative path is relative to where the run "
                                   "was started); pass --data");
-    if (comm.rank() == 0) std::printf("[eval] --data not given: the checkpoint's dataset, %s\n", data_dir.c_str());
+    if (comm.rank() == 0)
+      std::fprintf(stderr, "[%s] --data not given: the checkpoint's dataset, %s\n", tag.c_str(), m.data.c_str());
   }
-  const io::DatasetMeta meta = io::read_meta(data_dir);
-  if (mo.num_items != meta.num_items)
-    throw std::runtime_error(dir + " was trained on " + std::to_string(mo.num_items) + " items, dataset " + data_dir +
-                             " has " + std::to_string(meta.num_items));
-  const io::UserSequences seqs = io::load_shards(data_dir, meta, comm.rank(), comm.size());
-  auto model = models::make_model(mo);
-  if (!device.is_cpu()) model->to(device);
-  load_parameters(*model, loaded.shared, dir);
-  std::vector<double> popularity;
-  if (protocol.sampled && protocol.popularity) popularity = item_popularity(seqs, meta, comm);
-  EvalOptions e = eval;
-  e.max_len = mo.max_len;
-  auto r = evaluate(*model, seqs, meta, split, protocol, e, comm, popularity.empty() ? nullptr : &popularity);
+  m.meta = io::read_meta(m.data);
+  if (mo.num_items != m.meta.num_items)
+    throw std::runtime_error(dir + " was trained on " + std::to_string(mo.num_items) + " items, dataset " + m.data +
+                             " has " + std::to_string(m.meta.num_items));
+  m.seqs = io::load_shards(m.data, m.meta, comm.rank(), comm.size());
+  m.model = models::make_model(mo);
+  if (!device.is_cpu()) m.model->to(device);
+  load_parameters(*m.model, loaded.shared, dir);
   // The epoch the checkpoint's model was trained to (-1 when the checkpoint does not say).
-  const auto epoch = loaded.shared.meta.count("cursor_epoch") ? std::stoll(loaded.shared.value("cursor_epoch")) : -1;
-  if (comm.rank() == 0) std::printf("%s\n", format_result(r, meta.name, epoch).c_str());
+  m.epoch = loaded.shared.meta.count("cursor_epoch") ? std::stoll(loaded.shared.value("cursor_epoch")) : -1;
+  return m;
+}
+
+void run_evaluation(const std::string& checkpoint_dir, const std::string& data, Split split,
+                    const EvalProtocol& protocol, const EvalOptions& eval, dist::Comm& comm,
+                    const std::string& device_name) {
+  InferenceModel m = load_for_inference(checkpoint_dir, data, comm, device_name, "eval");
+  std::vector<double> popularity;
+  if (protocol.sampled && protocol.popularity) popularity = item_popularity(m.seqs, m.meta, comm);
+  EvalOptions e = eval;
+  e.max_len = m.model->options().max_len;
+  auto r = evaluate(*m.model, m.seqs, m.meta, split, protocol, e, comm, popularity.empty() ? nullptr : &popularity);
+  if (comm.rank() == 0) std::printf("%s\n", format_result(r, m.meta.name, m.epoch).c_str());
 }
 
 }  // namespace seqrec::train

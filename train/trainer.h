@@ -4,6 +4,7 @@
 // model selected on the validation split.
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "io/loader.h"
@@ -72,6 +73,23 @@ struct TrainSummary {
 // Collective over comm. Throws std::runtime_error / std::invalid_argument with a message
 // naming the problem (bad dataset, incompatible checkpoint, ...).
 TrainSummary run_training(const TrainOptions& options, dist::Comm& comm);
+
+// A checkpoint's model, built from the checkpoint's own model options with its parameters, and
+// the dataset it is scored on (this rank's shards).
+struct InferenceModel {
+  std::unique_ptr<models::SequenceModel> model;
+  io::DatasetMeta meta;
+  io::UserSequences seqs;
+  std::string checkpoint;  // the checkpoint directory loaded (the newest complete one of a checkpoints/)
+  std::string data;        // the dataset directory: `data`, or the one the checkpoint was trained on
+  int64_t epoch = -1;      // the epoch the model was trained to; -1 when the checkpoint does not say
+};
+
+// Collective over comm. `checkpoint_dir` is a checkpoint or a directory of them (its newest
+// complete one); `data` empty takes the dataset the checkpoint records (saying so on a line
+// tagged `tag`). Throws naming the problem: no checkpoint, a dataset of another item count, ...
+InferenceModel load_for_inference(const std::string& checkpoint_dir, const std::string& data, dist::Comm& comm,
+                                  const std::string& device, const std::string& tag);
 
 // Loads the parameters of a checkpoint directory (a `checkpoints/step-*` or `best`) into a
 // model built from the checkpoint's own model options, and evaluates it.

@@ -1,6 +1,7 @@
 // End-to-end: the seqrec executable on synthetic data — training, evaluation protocols,
 // exact resume, and every bad input from the walking-skeleton issue (clear message,
 // non-zero exit, nothing half-written, no hang).
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -959,6 +960,98 @@ TEST_F(Cli, RunsNameTheirBuildAndMachine) {
   EXPECT_TRUE(contains(info.output, "  builds: sitting 1: " + theirs + "; sittings 2-3: " + mine + "\n")) << info.output;
   EXPECT_TRUE(contains(info.output, std::string("  machine (the last finished sitting): host ") + host + ", CPU "))
       << info.output;
+}
+
+// `seqrec recommend`: top-k items from a checkpoint, named by the raw ids of the input file, for
+// users of the dataset or for a history of items given on the command line; every bad request
+// named, and a file written only when whole.
+TEST_F(Cli, RecommendsFromACheckpointByRawIds) {
+  // 40 users "user<u>" over 30 items "item<i>", 8 events each: user u sees items u%30+1, +1, ...
+  const std::string csv = dir("rec.csv"), ds = dir("rec-data"), run = dir("rec-run");
+  std::map<std::string, std::vector<std::string>> seen;
+  {
+    std::ofstream out(csv);
+    for (int u = 0; u < 40; ++u)
+      for (int t = 0; t < 8; ++t) {
+        const std::string item = "item" + std::to_string((u + t) % 30 + 1);
+        out << "user" << u << "," << item << "," << 1000 + t << "\n";
+        seen["user" + std::to_string(u)].push_back(item);
+      }
+  }
+  auto r = run_seqrec("prepare --format generic --columns user,item,time --input " + csv + " --out " + ds +
+                      " --progress=false");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_seqrec("train --data " + ds + " --out " + run + " " + kTrainSmall +
+                 "--epochs 2 --eval_protocol full --full_ranking=false");
+  ASSERT_EQ(r.code, 0) << r.output;
+
+  const std::string tsv = dir("rec.tsv");
+  const std::string base = "recommend --checkpoint " + run + "/best --threads 1 ";
+  r = run_seqrec(base + "--user_ids user7,user31 --top_k 4 --exclude_history --out " + tsv);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[recommend] --data not given: the checkpoint's dataset, " + ds)) << r.output;
+  auto lines = read_lines(tsv);
+  ASSERT_EQ(lines.size(), 2u + 2 * 4) << read_file(tsv);
+  // The protocol of the list: which checkpoint, dataset, history, candidates and k.
+  EXPECT_TRUE(contains(lines[0], "# seqrec recommend: checkpoint " + run + "/best/step-")) << lines[0];
+  EXPECT_TRUE(contains(lines[0], "candidates: all 30 items less the history's; k 4")) << lines[0];
+  EXPECT_TRUE(contains(lines[0], "history: each user's whole sequence")) << lines[0];
+  EXPECT_EQ(lines[1], "user\trank\titem\tscore");
+  for (size_t i = 2; i < lines.size(); ++i) {
+    std::stringstream row(lines[i]);
+    std::string user, rank, item, score;
+    ASSERT_TRUE(std::getline(row, user, '\t') && std::getline(row, rank, '\t') && std::getline(row, item, '\t') &&
+                std::getline(row, score, '\t')) << lines[i];
+    EXPECT_EQ(user, i < 6 ? "user7" : "user31") << "rows come in the order asked";
+    EXPECT_EQ(rank, std::to_string((i - 2) % 4 + 1));
+    EXPECT_TRUE(std::regex_match(item, std::regex("item([1-9]|[12][0-9]|30)"))) << "raw item ids: " << lines[i];
+    const auto& history = seen[user];
+    EXPECT_TRUE(std::find(history.begin(), history.end(), item) == history.end())
+        << item << " is in " << user << "'s history: " << lines[i];
+    if ((i - 2) % 4 > 0) {
+      const std::string above = lines[i - 1].substr(lines[i - 1].rfind('\t') + 1);
+      EXPECT_GE(std::stod(above), std::stod(score)) << "best first";
+    }
+  }
+  // Every user, to stdout: a header, the column line, 40 x 3 rows.
+  r = run_seqrec(base + "--data " + ds + " --top_k 3");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 2 + 40 * 3) << r.output;
+  EXPECT_TRUE(contains(r.output, "\nuser39\t3\titem")) << r.output;
+  // A history given item by item, as a user outside the dataset.
+  const std::string given = dir("given.tsv");
+  r = run_seqrec(base + "--history item3,item4,item5 --top_k 2 --out " + given);
+  ASSERT_EQ(r.code, 0) << r.output;
+  lines = read_lines(given);
+  ASSERT_EQ(lines.size(), 4u) << read_file(given);
+  EXPECT_TRUE(contains(lines[0], "history: the 3 items given")) << lines[0];
+  EXPECT_TRUE(std::regex_match(lines[2], std::regex("-\t1\titem[0-9]+\t[-0-9.e+]+"))) << lines[2];
+
+  // Bad requests: named, non-zero, and the file already written stays as it was, no leftovers.
+  const std::string before = read_file(tsv);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"--user_ids user7,nobody", "unknown user id 'nobody': not in the dataset"},
+      {"--history item3,item99", "unknown item id 'item99': not in the dataset"},
+      {"--user_ids user7 --history item3", "--user_ids and --history exclude each other"},
+      {"--top_k 31", "--top_k 31 exceeds the dataset's 30 items"},
+      {"--top_k 0", "--top_k must be > 0, got 0"},
+      {"--user_ids ,", "--user_ids names no user"},
+  };
+  for (const auto& [flags, message] : bad) {
+    r = run_seqrec(base + flags + " --out " + tsv);
+    EXPECT_NE(r.code, 0) << flags;
+    EXPECT_NE(r.code, 124) << flags;
+    EXPECT_TRUE(contains(r.output, message)) << flags << ": " << r.output;
+    EXPECT_EQ(read_file(tsv), before) << flags;
+  }
+  r = run_seqrec(base + "--out " + dir("no-such-dir") + "/rec.tsv");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.output, "cannot write " + dir("no-such-dir") + "/rec.tsv")) << r.output;
+  r = run_seqrec("recommend --checkpoint " + run + " --threads 1");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.output, "is a run directory: name its best/")) << r.output;
+  for (auto& e : fs::directory_iterator(*root_))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << "left behind: " << e.path();
 }
 
 TEST_F(Cli, CorruptShardsAreNamed) {
