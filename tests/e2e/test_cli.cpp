@@ -1052,6 +1052,19 @@ TEST_F(Cli, RecommendsFromACheckpointByRawIds) {
   EXPECT_TRUE(contains(r.output, "is a run directory: name its best/")) << r.output;
   for (auto& e : fs::directory_iterator(*root_))
     EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << "left behind: " << e.path();
+
+  // A model with a learned vector per dataset user has none for a history from outside it.
+  const std::string per_user = dir("rec-flash");
+  r = run_seqrec("train --data " + ds + " --out " + per_user + " " + kTrainSmall +
+                 "--model flash4rec --flash_user embedding --max_steps 2 --final_test=false --eval_protocol full");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_seqrec("recommend --checkpoint " + per_user + "/checkpoints --threads 1 --history item3");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.output, "learned one vector per dataset user (--flash_user embedding)")) << r.output;
+  r = run_seqrec("recommend --checkpoint " + per_user + "/checkpoints --threads 1 --user_ids user3 --top_k 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "model flash4rec")) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("\nuser3\t2\titem[0-9]+\t"))) << r.output;
 }
 
 TEST_F(Cli, CorruptShardsAreNamed) {
