@@ -118,7 +118,12 @@ DEFINE_double(capacity_factor, 1.25, "flash4rec: expert capacity = ceil(factor x
               "tokens over it skip the layer");
 DEFINE_bool(moe_noise, true, "flash4rec: noisy top-k gating in training");
 DEFINE_double(moe_balance, 0.01, "flash4rec: load-balancing loss weight");
-DEFINE_string(loss, "bce", "bce (one sampled negative per position) | ce (softmax over all items)");
+DEFINE_string(loss, "bce",
+              "bce (one sampled negative per position) | ce (softmax over all items) | sampled (softmax over the "
+              "target and --loss_negatives items drawn per step, logQ-corrected: for catalogues too large for ce)");
+DEFINE_int64(loss_negatives, 1000, "--loss sampled: items drawn per step (with replacement), shared by its targets");
+DEFINE_string(loss_sampler, "popularity",
+              "--loss sampled: how the items are drawn: popularity (in proportion to training count + 1) | uniform");
 DEFINE_double(lr, 1e-3, "Adam learning rate");
 DEFINE_double(beta1, 0.9, "Adam beta1");
 DEFINE_double(beta2, 0.98, "Adam beta2");
@@ -216,7 +221,7 @@ const std::map<std::string, Subcommand>& subcommands() {
         {"out", "users", "items", "events", "seed", "shards", "clusters", "progress"}}},
       {"train",
        {"train a model (data parallel under mpirun), validate, checkpoint, test the selected model",
-        train_flags({"data", "out"}, {"mask_prob", "loss", "lr",
+        train_flags({"data", "out"}, {"mask_prob", "loss", "loss_negatives", "loss_sampler", "lr",
          "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm", "warmup_steps", "lr_schedule", "lr_final_ratio",
          "lr_decay_from_epoch", "epochs", "batch_size",
          "train_windows", "train_prefixes", "eval_every",

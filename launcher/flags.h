@@ -39,6 +39,8 @@ DECLARE_int64(max_len);
 DECLARE_bool(train_windows);
 DECLARE_bool(train_prefixes);
 DECLARE_string(loss);
+DECLARE_int64(loss_negatives);
+DECLARE_string(loss_sampler);
 DECLARE_double(mask_prob);
 DECLARE_double(lr);
 DECLARE_double(beta1);

@@ -203,7 +203,14 @@ int cmd_train(dist::Comm& comm) {
   require(FLAGS_epochs > 0, "--epochs must be > 0");
   require(FLAGS_eval_every > 0, "--eval_every must be > 0");
   require(FLAGS_patience >= 0, "--patience must be >= 0 (0 = no early stopping)");
-  require(FLAGS_loss == "bce" || FLAGS_loss == "ce", "--loss must be 'bce' or 'ce', got '" + FLAGS_loss + "'");
+  require(FLAGS_loss == "bce" || FLAGS_loss == "ce" || FLAGS_loss == "sampled",
+          "--loss must be 'bce', 'ce' or 'sampled', got '" + FLAGS_loss + "'");
+  for (const char* flag : {"loss_negatives", "loss_sampler"})
+    require(FLAGS_loss == "sampled" || gflags::GetCommandLineFlagInfoOrDie(flag).is_default,
+            std::string("--") + flag + " applies to --loss sampled only (this run: --loss " + FLAGS_loss + ")");
+  require(FLAGS_loss_negatives >= 1, "--loss_negatives must be >= 1, got " + std::to_string(FLAGS_loss_negatives));
+  require(FLAGS_loss_sampler == "uniform" || FLAGS_loss_sampler == "popularity",
+          "--loss_sampler must be 'uniform' or 'popularity', got '" + FLAGS_loss_sampler + "'");
   require(FLAGS_keep_checkpoints > 0, "--keep_checkpoints must be > 0");
   require(FLAGS_mask_prob > 0 && FLAGS_mask_prob < 1, "--mask_prob must be in (0, 1)");
   require(FLAGS_replica_check_every >= 0, "--replica_check_every must be >= 0");
@@ -234,6 +241,8 @@ int cmd_train(dist::Comm& comm) {
   o.loader.prefetch = FLAGS_prefetch;
   o.device = FLAGS_device;
   o.loss = FLAGS_loss;
+  o.loss_negatives = FLAGS_loss_negatives;
+  o.loss_sampler = FLAGS_loss_sampler;
   o.adam.lr = FLAGS_lr;
   o.adam.beta1 = FLAGS_beta1;
   o.adam.beta2 = FLAGS_beta2;

@@ -30,6 +30,7 @@
 #include "ops/softmax_loss/softmax_loss.h"
 #include "train/checkpoint.h"
 #include "train/device.h"
+#include "train/loss_sampler.h"
 #include "train/run_summary.h"
 #include "train/host_allocator.h"
 #include "train/profiler.h"
@@ -171,10 +172,17 @@ Targets encode_targets(models::SequenceModel& model, const at::Tensor& input, co
   return targets_of(h, slot_pos, slot_neg, kind);
 }
 
+// --loss sampled: the step's drawn items [S] and every item's log expected count [N + 1], on
+// the model's device.
+struct LossSample {
+  at::Tensor items, log_expected;
+};
+
 // Loss summed over the targets (the caller normalises by the global target count).
 at::Tensor targets_loss_sum(const Targets& t, const at::Tensor& table, const std::string& kind,
-                            int64_t softmax_keep_bytes) {
+                            int64_t softmax_keep_bytes, const LossSample& sample) {
   SEQREC_PROFILE_SCOPE("seqrec::loss");
+  if (kind == "sampled") return ops::sampled_softmax_loss_sum(t.h, table, t.pos, sample.items, sample.log_expected);
   if (kind == "bce") {
     auto pos_logit = (t.h * table.index_select(0, t.pos)).sum(-1);
     auto neg_logit = (t.h * table.index_select(0, t.neg)).sum(-1);
@@ -197,7 +205,7 @@ at::Tensor targets_loss_sum(const Targets& t, const at::Tensor& table, const std
 // target count.
 at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b, const models::UserInput& users,
                           const std::string& kind, int64_t groups, bool whole, bool last_only, double targets,
-                          int64_t softmax_keep_bytes) {
+                          int64_t softmax_keep_bytes, const LossSample& sample) {
   const auto table = model.item_embeddings();
   if (kind == "ce") {
     const double bytes =
@@ -208,7 +216,7 @@ at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b,
     // One forward over every row in batch order, even none: a mixture of experts' capacity and
     // token priority are defined on the batch as it is, and its collectives need every rank.
     auto t = encode_targets(model, b.input, users, b.pos, b.neg, kind, last_only);
-    auto total = targets_loss_sum(t, table, kind, softmax_keep_bytes);
+    auto total = targets_loss_sum(t, table, kind, softmax_keep_bytes, sample);
     auto aux = model.take_auxiliary_loss();
     return aux.defined() ? total + aux : total;
   }
@@ -233,7 +241,7 @@ at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b,
   }
   const auto all = targets_of(model.encode_slices(inputs, slice_users, last_only), models::cat_rows(poss),
                               models::cat_rows(negs), kind);
-  auto total = targets_loss_sum(all, table, kind, softmax_keep_bytes);
+  auto total = targets_loss_sum(all, table, kind, softmax_keep_bytes, sample);
   // Model-side terms (LISA's inputs-optimize loss), summed over the same items.
   auto aux = model.take_auxiliary_loss();
   if (aux.defined()) total = total + aux;
@@ -555,7 +563,14 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
   loader_options.last_target_only = mo.objective == "last";
   io::TrainLoader loader(seqs, meta, loader_options, rank, world, std::move(examples_per_user));
   std::vector<double> popularity;
-  if (o.select_protocol.popularity) popularity = item_popularity(seqs, meta, comm);
+  if (o.select_protocol.popularity || (o.loss == "sampled" && o.loss_sampler == "popularity"))
+    popularity = item_popularity(seqs, meta, comm);
+  std::unique_ptr<LossSampler> loss_sampler;
+  at::Tensor loss_log_expected;
+  if (o.loss == "sampled") {
+    loss_sampler = std::make_unique<LossSampler>(o.loss_sampler, o.loss_negatives, meta.num_items, o.seed, popularity);
+    loss_log_expected = loss_sampler->log_expected().to(device);
+  }
   const LrSchedule schedule = lr_schedule_of(o, loader.steps_per_epoch());
 
   CheckpointManager ckpt({o.out + "/checkpoints", o.keep_checkpoints}, comm);
@@ -684,6 +699,7 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
            " steps/epoch=" +
            std::to_string(loader.steps_per_epoch()) + " length_groups=" + std::to_string(length_groups));
   if (const auto own = models::own_options_text(mo); !own.empty()) log.line("[setup] " + mo.model + ": " + own);
+  if (loss_sampler) log.line("[setup] loss: sampled softmax over the target and " + loss_sampler->describe());
   log.line("[setup] learning rate: " + schedule.describe());
   if (schedule.kind != "constant" && !schedule.decays())
     log.line("[setup] warning: " +
@@ -842,9 +858,12 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
       at::Tensor loss;
       {
         SEQREC_PROFILE_SCOPE("seqrec::forward");
+        LossSample sample;
+        if (loss_sampler) sample = {loss_sampler->draw(p.step).to(device), loss_log_expected};
         loss = batch_loss_sum(*model, batch, users, o.loss, length_groups, /*whole=*/moe,
                               /*last_only=*/loader_options.last_target_only, local_targets,
-                              std::min<int64_t>(o.softmax_keep_mib, int64_t{1} << 40) << 20) / global_targets;
+                              std::min<int64_t>(o.softmax_keep_mib, int64_t{1} << 40) << 20, sample) /
+               global_targets;
       }
       {
         SEQREC_PROFILE_SCOPE("seqrec::backward");

@@ -25,7 +25,10 @@ struct TrainOptions {
   io::LoaderOptions loader;
   std::string allocator;            // which heap allocator serves the process, for the [setup] log
   std::string device = "cpu";       // cpu | cuda | cuda:N (one rank per process; see train/device.h)
-  std::string loss = "bce";         // bce (1 negative per position) | ce (softmax over all items)
+  std::string loss = "bce";         // bce (1 negative per position) | ce (softmax over all items) |
+                                    // sampled (softmax over the target and loss_negatives drawn items)
+  int64_t loss_negatives = 1000;    // sampled: items drawn per step, shared by its targets
+  std::string loss_sampler = "popularity";  // sampled: uniform | popularity (training count + 1)
   double mask_prob = 0.2;           // cloze objective: probability that a training item is masked
   AdamOptions adam;
   double clip_norm = 0;             // 0 = no clipping

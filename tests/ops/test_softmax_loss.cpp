@@ -1,7 +1,9 @@
 // The chunked full-catalogue softmax loss against Torch's cross_entropy on the whole logit
 // matrix: values and gradients (hidden and table) for chunk sizes that divide T, do not,
 // exceed it and are 1; central differences in double; the padding item is never a class;
-// bad arguments are named; the fused CPU row passes against the ATen reference's.
+// bad arguments are named; the fused CPU row passes against the ATen reference's. The sampled
+// softmax against the full one (every item drawn once, no correction) and against a loop over
+// its definition (repeats, accidental hits, a popularity correction).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -17,6 +19,7 @@
 namespace {
 using seqrec::ops::softmax_loss_sum;
 using seqrec::ops::softmax_loss_sum_reference;
+using seqrec::ops::sampled_softmax_loss_sum;
 
 at::Tensor naive(const at::Tensor& h, const at::Tensor& table, const at::Tensor& targets) {
   auto logits = h.mm(table.t());
@@ -159,6 +162,92 @@ TEST(SoftmaxLoss, BadArgumentsAreNamed) {
   EXPECT_NE(message([&] { softmax_loss_sum(h, t, ok.narrow(0, 0, 3)); }).find("targets must be"), std::string::npos);
   EXPECT_NE(message([&] { softmax_loss_sum(h, t, ok, 8, -1); }).find("keep_bytes must be >= 0"), std::string::npos);
   EXPECT_NE(message([&] { softmax_loss_sum(h, t, ok, 0); }).find("chunk_rows"), std::string::npos);
+}
+
+TEST(SampledSoftmaxLoss, EveryItemDrawnOnceIsTheFullSoftmax) {
+  torch::manual_seed(8);
+  const int64_t N = 9;
+  auto h = torch::randn({11, 4}, torch::kFloat64).requires_grad_();
+  auto t = torch::randn({N + 1, 4}, torch::kFloat64).requires_grad_();
+  auto targets = torch::randint(1, N + 1, {11}, torch::kLong);
+  // The draw in any order; a constant log expected count (uniform q) cancels.
+  auto sample = torch::randperm(N, torch::kLong) + 1;
+  for (const auto& log_expected : {at::Tensor(), torch::full({N + 1}, std::log(1.0), torch::kFloat64)}) {
+    auto got = sampled_softmax_loss_sum(h, t, targets, sample, log_expected);
+    auto want = naive(h, t, targets);
+    EXPECT_NEAR(got.item<double>(), want.item<double>(), 1e-10);
+    auto g = torch::autograd::grad({got}, {h, t});
+    auto w = torch::autograd::grad({want}, {h, t});
+    EXPECT_TRUE(torch::allclose(g[0], w[0], 1e-9, 1e-10));
+    EXPECT_TRUE(torch::allclose(g[1], w[1], 1e-9, 1e-10));
+  }
+}
+
+// The definition, one target at a time.
+at::Tensor sampled_by_loop(const at::Tensor& h, const at::Tensor& table, const at::Tensor& targets,
+                           const at::Tensor& sample, const at::Tensor& log_expected) {
+  auto total = torch::zeros({}, h.options());
+  for (int64_t r = 0; r < h.size(0); ++r) {
+    const int64_t y = targets[r].item<int64_t>();
+    auto zy = h[r].dot(table[y]) - log_expected[y];
+    std::vector<at::Tensor> terms{zy.unsqueeze(0)};
+    for (int64_t j = 0; j < sample.size(0); ++j) {
+      const int64_t i = sample[j].item<int64_t>();
+      if (i != y) terms.push_back((h[r].dot(table[i]) - log_expected[i]).unsqueeze(0));
+    }
+    total = total + torch::logsumexp(torch::cat(terms), 0) - zy;
+  }
+  return total;
+}
+
+TEST(SampledSoftmaxLoss, MatchesItsDefinitionWithRepeatsHitsAndCorrection) {
+  torch::manual_seed(9);
+  const int64_t N = 12;
+  auto h = torch::randn({6, 5}, torch::kFloat64).requires_grad_();
+  auto t = torch::randn({N + 1, 5}, torch::kFloat64).requires_grad_();
+  auto targets = torch::tensor({3, 7, 7, 1, 12, 5}, torch::kLong);
+  // Repeats (4 twice) and draws equal to targets (3, 7, 12): those leave their rows only.
+  auto sample = torch::tensor({4, 3, 9, 4, 7, 12, 2}, torch::kLong);
+  auto log_expected = torch::randn({N + 1}, torch::kFloat64);
+  auto got = sampled_softmax_loss_sum(h, t, targets, sample, log_expected);
+  auto want = sampled_by_loop(h, t, targets, sample, log_expected);
+  EXPECT_NEAR(got.item<double>(), want.item<double>(), 1e-10);
+  auto g = torch::autograd::grad({got}, {h, t});
+  auto w = torch::autograd::grad({want}, {h, t});
+  EXPECT_TRUE(torch::allclose(g[0], w[0], 1e-9, 1e-10));
+  EXPECT_TRUE(torch::allclose(g[1], w[1], 1e-9, 1e-10));
+  // The correction matters: without it the value differs.
+  EXPECT_GT(std::abs(sampled_softmax_loss_sum(h, t, targets, sample, {}).item<double>() - got.item<double>()), 1e-3);
+  // Float inputs with a float correction: the same to float rounding; no target rows: zero.
+  auto got32 = sampled_softmax_loss_sum(h.detach().to(torch::kFloat32), t.detach().to(torch::kFloat32), targets, sample,
+                                        log_expected.to(torch::kFloat32));
+  EXPECT_NEAR(got32.item<double>(), want.item<double>(), 1e-4);
+  EXPECT_EQ(sampled_softmax_loss_sum(h.narrow(0, 0, 0), t, targets.narrow(0, 0, 0), sample, log_expected).item<double>(),
+            0.0);
+}
+
+TEST(SampledSoftmaxLoss, BadArgumentsAreNamed) {
+  auto h = torch::randn({4, 3}), t = torch::randn({5, 3});
+  auto ok = torch::tensor({1, 2, 3, 4}, torch::kLong);
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("no error");
+  };
+  const auto has = [](const std::string& m, const std::string& what) { return m.find(what) != std::string::npos; };
+  EXPECT_TRUE(has(message([&] { sampled_softmax_loss_sum(h, t, ok, torch::tensor({0, 1}, torch::kLong), {}); }),
+                  "sample must be item ids in [1, 4]"));
+  EXPECT_TRUE(has(message([&] { sampled_softmax_loss_sum(h, t, torch::tensor({1, 2, 3, 5}, torch::kLong), ok, {}); }),
+                  "targets must be item ids in [1, 4]"));
+  EXPECT_TRUE(has(message([&] { sampled_softmax_loss_sum(h, t, ok, torch::zeros({0}, torch::kLong), {}); }),
+                  "sample must be a non-empty int64 [S]"));
+  EXPECT_TRUE(has(message([&] { sampled_softmax_loss_sum(h, t, ok, ok, torch::zeros({4})); }),
+                  "log_expected must be [N + 1] = [5]"));
+  EXPECT_TRUE(has(message([&] { sampled_softmax_loss_sum(h, torch::randn({5, 2}), ok, ok, {}); }),
+                  "hidden [T, D] and table [N + 1, D] expected"));
 }
 
 }  // namespace
