@@ -209,6 +209,24 @@ TEST_F(Cli, ResumeIsExact) {
   ASSERT_NO_FATAL_FAILURE(expect_resume_exact(common, a, b, 6, 14));
 }
 
+// --loss sampled: the model learns the structure, and a resumed run draws what the whole one drew.
+TEST_F(Cli, SampledSoftmaxLearnsAndResumesExactly) {
+  const std::string run = dir("sampled-learn");
+  auto r = run_seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall +
+                          "--epochs 15 --dropout 0.1 --lr 0.005 --loss sampled --loss_negatives 50 --eval_every 15",
+                      600);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[setup] loss: sampled softmax over the target and 50 items per step, drawn in "
+                                 "proportion to training count + 1")) << r.output;
+  double test_hr = -1;
+  for (auto& l : read_lines(run + "/metrics.jsonl"))
+    if (contains(l, "\"split\":\"test\"") && contains(l, "sampled100")) test_hr = std::stod(l.substr(l.find("\"HR@10\":") + 8));
+  EXPECT_GT(test_hr, 0.3) << r.output;  // random: ~0.099, as in LearnsTheSyntheticStructure
+  const std::string common = "train --data " + data() + " " + kTrainSmall +
+                             "--epochs 5 --final_test=false --loss sampled --loss_negatives 30 --loss_sampler uniform ";
+  ASSERT_NO_FATAL_FAILURE(expect_resume_exact(common, dir("sampled-a"), dir("sampled-b"), 6, 14));
+}
+
 // LISA's EMA codebooks are buffers: saved, restored, and continued exactly.
 TEST_F(Cli, ResumeContinuesTheEmaCodebooksExactly) {
   const std::string a = dir("ema-a"), b = dir("ema-b");
@@ -724,6 +742,9 @@ TEST_F(Cli, InvalidFlagsGetAClearErrorAndExitCode) {
       {t + "--expert_parallel 0", "--expert_parallel must be >= 1"},
       {t + "--mask_prob 1", "--mask_prob must be in (0, 1)"},
       {t + "--loss hinge", "--loss must be"},
+      {t + "--loss_negatives 10", "--loss_negatives applies to --loss sampled only (this run: --loss bce)"},
+      {t + "--loss sampled --loss_negatives 0", "--loss_negatives must be >= 1, got 0"},
+      {t + "--loss sampled --loss_sampler zipf", "--loss_sampler must be 'uniform' or 'popularity', got 'zipf'"},
       {t + "--lr_schedule step", "--lr_schedule must be constant, cosine or linear; got 'step'"},
       {t + "--lr_schedule cosine --lr_final_ratio 2", "--lr_final_ratio must be in [0, 1]"},
       {t + "--lr_decay_from_epoch 5", "--lr_decay_from_epoch applies to a decaying --lr_schedule (cosine or linear)"},

@@ -113,6 +113,18 @@ TEST_F(CliMpi, ClozeMasksDoNotDependOnTheRankCount) {
   EXPECT_LT(worst, 1e-6) << "max |delta param| " << worst;  // as above: summation order only
 }
 
+// The sampled softmax's draw is keyed by (seed, step), not by rank: every rank scores its targets
+// against the same items, so 2 ranks still train as 1 rank with the global batch.
+TEST_F(CliMpi, SampledSoftmaxDrawsDoNotDependOnTheRankCount) {
+  RankPair r;
+  ASSERT_NO_FATAL_FAILURE(run_ranks_against_one(data(), dir("sampled"), 2, " --loss sampled --loss_negatives 40", &r));
+  EXPECT_TRUE(contains(r.multi_output, "[setup] loss: sampled softmax over the target and 40 items per step")) << r.multi_output;
+  auto pa = final_params(r.single), pb = final_params(r.multi);
+  ASSERT_EQ(pa.size(), pb.size());
+  const double worst = max_difference(pa, pb);
+  EXPECT_LT(worst, 1e-6) << "max |delta param| " << worst;  // as above: summation order only
+}
+
 // LinRec as its released code trains it: every prefix of a history an example, scored at its
 // last slot through the global (bidirectional) form. The prefixes are dealt out by global
 // example index, so 2 ranks still train as 1 rank with the global batch.
