@@ -380,12 +380,12 @@ TEST_F(Cli, LengthGroupsChangeTheWorkNotTheResult) {
   // parameters by far more than 1e-6. FLASH4Rec (its mixture of experts runs the batch whole,
   // so only its gated attention slices it) without Top-K dropout, whose random bits are drawn
   // per slice.
-  // The slices' targets are scored in one loss per batch: under --loss ce too.
-  for (const std::string& model : {std::string(), std::string("--loss ce "),
+  // The slices' targets are scored in one loss per batch: under --loss ce and sampled too.
+  for (const std::string& model : {std::string(), std::string("--loss ce "), std::string("--loss sampled --loss_negatives 60 "),
                                    std::string("--model flash4rec --flash_user zero --moe_experts 2 --topk_dropout 0 ")}) {
     const std::string common = "train --data " + data() + " " + kTrainSmall + model +
                                "--dropout 0 --adam_eps 1 --max_steps 8 --final_test=false --epochs 5 ";
-    const std::string tag = model.empty() ? "" : model[2] == 'l' ? "-ce" : "-flash";
+    const std::string tag = model.empty() ? "" : model.rfind("--loss ", 0) == 0 ? "-" + model.substr(7, 2) : "-flash";
     const std::string one = dir("groups1" + tag), eight = dir("groups8" + tag);
     auto r1 = run_seqrec(common + "--out " + one + " --length_groups 1", 300);
     ASSERT_EQ(r1.code, 0) << r1.output;
