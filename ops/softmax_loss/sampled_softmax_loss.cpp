@@ -28,11 +28,8 @@ at::Tensor sampled_softmax_loss_sum(const at::Tensor& hidden, const at::Tensor& 
               log_expected.defined() ? log_expected.sizes() : at::IntArrayRef{});
   auto target_logit = (hidden * table.index_select(0, targets)).sum(-1);            // [T]
   auto sample_logit = ops::matmul(hidden, table.index_select(0, sample).t());         // [T, S]
-  if (log_expected.defined()) {
-    const auto le = log_expected.to(hidden.scalar_type());
-    target_logit = target_logit - le.index_select(0, targets);
-    sample_logit = sample_logit - le.index_select(0, sample).unsqueeze(0);
-  }
+  if (log_expected.defined())
+    sample_logit = sample_logit - log_expected.to(sample_logit.scalar_type()).index_select(0, sample).unsqueeze(0);
   const auto hit = targets.unsqueeze(1).eq(sample.unsqueeze(0));                      // [T, S]
   sample_logit = sample_logit.masked_fill(hit, -std::numeric_limits<double>::infinity());
   auto logits = torch::cat({target_logit.unsqueeze(1), sample_logit.to(target_logit.scalar_type())}, 1);

@@ -31,16 +31,17 @@ at::Tensor softmax_loss_sum(const at::Tensor& hidden, const at::Tensor& table, c
 at::Tensor softmax_loss_sum_reference(const at::Tensor& hidden, const at::Tensor& table, const at::Tensor& targets,
                                       int64_t chunk_rows = 2048, int64_t keep_bytes = int64_t{256} << 20);
 
-// Sampled softmax with the logQ correction (Bengio and Senecal; Jean et al. 2015): each target
-// competes with S items drawn for the whole batch instead of with every item:
-//   sum_t -log softmax([z_t(targets[t]), z_t(sample[0]), ..., z_t(sample[S-1])])[0],
-//   z_t(i) = hidden[t] · table[i] - log_expected[i],
-// where log_expected[i] = log(S · q(i)) for the distribution q the sample was drawn from, so the
-// estimate is unbiased for the full softmax's gradient as S grows; a drawn item equal to the
-// row's target (an "accidental hit") is left out of that row. With log_expected constant (uniform
-// q) the correction cancels. Memory O(T·S) instead of O(T·N).
+// Sampled softmax with the logQ correction: each target competes with S items drawn for the
+// whole batch instead of with every item:
+//   sum_t -log( exp(z_t) / (exp(z_t) + sum_{j : sample[j] != targets[t]} exp(z_tj - log_expected[sample[j]])) ),
+//   z_t = hidden[t] · table[targets[t]], z_tj = hidden[t] · table[sample[j]],
+// where log_expected[i] = log(S · q(i)) for the distribution q the sample was drawn from (with
+// replacement). Each draw then adds exp(z)/(S q) of its item, so the sum is an unbiased estimate
+// of the full softmax's normaliser less the target's own term: a draw equal to the row's target
+// (an "accidental hit") is left out of that row, and the target's logit is not corrected. With
+// all N items drawn once and log_expected 0 it is the full softmax. Memory O(T·S), not O(T·N).
 // hidden [T, D] float, table [N + 1, D], targets [T] in [1, N], sample [S] in [1, N] (repeats
-// allowed: drawn with replacement), log_expected [N + 1] float (undefined: no correction).
+// allowed), log_expected [N + 1] float (undefined: no correction).
 // Differentiable w.r.t. hidden and table; throws c10::Error naming a bad shape or id.
 at::Tensor sampled_softmax_loss_sum(const at::Tensor& hidden, const at::Tensor& table, const at::Tensor& targets,
                                     const at::Tensor& sample, const at::Tensor& log_expected);

@@ -170,9 +170,9 @@ TEST(SampledSoftmaxLoss, EveryItemDrawnOnceIsTheFullSoftmax) {
   auto h = torch::randn({11, 4}, torch::kFloat64).requires_grad_();
   auto t = torch::randn({N + 1, 4}, torch::kFloat64).requires_grad_();
   auto targets = torch::randint(1, N + 1, {11}, torch::kLong);
-  // The draw in any order; a constant log expected count (uniform q) cancels.
+  // The draw in any order; N uniform draws expect each item once: log_expected = log(N / N) = 0.
   auto sample = torch::randperm(N, torch::kLong) + 1;
-  for (const auto& log_expected : {at::Tensor(), torch::full({N + 1}, std::log(1.0), torch::kFloat64)}) {
+  for (const auto& log_expected : {at::Tensor(), torch::zeros({N + 1}, torch::kFloat64)}) {
     auto got = sampled_softmax_loss_sum(h, t, targets, sample, log_expected);
     auto want = naive(h, t, targets);
     EXPECT_NEAR(got.item<double>(), want.item<double>(), 1e-10);
@@ -189,7 +189,7 @@ at::Tensor sampled_by_loop(const at::Tensor& h, const at::Tensor& table, const a
   auto total = torch::zeros({}, h.options());
   for (int64_t r = 0; r < h.size(0); ++r) {
     const int64_t y = targets[r].item<int64_t>();
-    auto zy = h[r].dot(table[y]) - log_expected[y];
+    auto zy = h[r].dot(table[y]);  // the target's own logit is not corrected
     std::vector<at::Tensor> terms{zy.unsqueeze(0)};
     for (int64_t j = 0; j < sample.size(0); ++j) {
       const int64_t i = sample[j].item<int64_t>();
@@ -224,6 +224,23 @@ TEST(SampledSoftmaxLoss, MatchesItsDefinitionWithRepeatsHitsAndCorrection) {
   EXPECT_NEAR(got32.item<double>(), want.item<double>(), 1e-4);
   EXPECT_EQ(sampled_softmax_loss_sum(h.narrow(0, 0, 0), t, targets.narrow(0, 0, 0), sample, log_expected).item<double>(),
             0.0);
+}
+
+// Many draws from a skewed distribution: the corrected sum estimates the full normaliser, so the
+// loss approaches the full softmax's (an uncorrected one, or one that also corrected the target's
+// logit, would stay off by the log of the draw's size or skew).
+TEST(SampledSoftmaxLoss, ManySkewedDrawsApproachTheFullSoftmax) {
+  torch::manual_seed(10);
+  const int64_t N = 12, S = 200000;
+  auto h = torch::randn({5, 4}, torch::kFloat64), t = torch::randn({N + 1, 4}, torch::kFloat64);
+  auto targets = torch::tensor({1, 4, 12, 7, 2}, torch::kLong);
+  auto q = torch::arange(1, N + 1, torch::kFloat64).pow(2);  // q(i) ~ i^2: item 12 drawn 144x item 1
+  q = q / q.sum();
+  auto sample = torch::multinomial(q, S, /*replacement=*/true) + 1;
+  auto log_expected = torch::cat({torch::zeros({1}, torch::kFloat64), (q * S).log()});
+  const double full = naive(h, t, targets).item<double>();
+  EXPECT_NEAR(sampled_softmax_loss_sum(h, t, targets, sample, log_expected).item<double>(), full, 0.01 * full);
+  EXPECT_GT(std::abs(sampled_softmax_loss_sum(h, t, targets, sample, {}).item<double>() - full), 1.0);
 }
 
 TEST(SampledSoftmaxLoss, BadArgumentsAreNamed) {
