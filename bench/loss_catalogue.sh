@@ -6,7 +6,8 @@
 # the catalogue size").
 #   bench/loss_catalogue.sh [items...]         (default: 10000 100000 1000000)
 # SEQREC=path picks the binary, STEPS the timed steps (default 10, after 2 untimed), NEGATIVES
-# the sampled softmax's S (default 1000), LOSSES the losses (default "ce sampled bce").
+# the sampled softmax's S (default 1000), SAMPLER its --loss_sampler (default uniform), LOSSES
+# the losses (default "ce sampled bce").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 items=("$@")
@@ -14,18 +15,19 @@ items=("$@")
 bin=${SEQREC:-build/seqrec}
 steps=${STEPS:-10}
 negatives=${NEGATIVES:-1000}
+sampler=${SAMPLER:-uniform}
 [ -x "$bin" ] || { echo "missing $bin: build first (./setup.sh build)" >&2; exit 1; }
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); binary $bin ($("$bin" --version | head -1))"
-echo "== SASRec d 64, 2 blocks, max_len 50, batch 128, 1 thread; $steps timed steps; sampled: S = $negatives, popularity"
+echo "== SASRec d 64, 2 blocks, max_len 50, batch 128, 1 thread; $steps timed steps; sampled: S = $negatives, $sampler"
 printf '%-9s %-8s %10s %10s\n' items loss s_per_step peak_MiB
 for n in "${items[@]}"; do
   rm -rf "$scratch/data"
   "$bin" synth --out "$scratch/data" --users 20000 --items "$n" --events 2000000 --seed 1 --progress=false >/dev/null
   for loss in ${LOSSES:-ce sampled bce}; do
     extra=()
-    [ "$loss" = sampled ] && extra=(--loss_negatives "$negatives")
+    [ "$loss" = sampled ] && extra=(--loss_negatives "$negatives" --loss_sampler "$sampler")
     run() {  # steps -> wall seconds of the whole command; peak RSS from its [done] line
       rm -rf "$scratch/run"
       local t0 t1

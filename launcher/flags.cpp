@@ -122,8 +122,8 @@ DEFINE_string(loss, "bce",
               "bce (one sampled negative per position) | ce (softmax over all items) | sampled (softmax over the "
               "target and --loss_negatives items drawn per step, logQ-corrected: for catalogues too large for ce)");
 DEFINE_int64(loss_negatives, 1000, "--loss sampled: items drawn per step (with replacement), shared by its targets");
-DEFINE_string(loss_sampler, "popularity",
-              "--loss sampled: how the items are drawn: popularity (in proportion to training count + 1) | uniform");
+DEFINE_string(loss_sampler, "uniform",
+              "--loss sampled: how the items are drawn: uniform | popularity (in proportion to training count + 1)");
 DEFINE_double(lr, 1e-3, "Adam learning rate");
 DEFINE_double(beta1, 0.9, "Adam beta1");
 DEFINE_double(beta2, 0.98, "Adam beta2");

@@ -28,7 +28,7 @@ struct TrainOptions {
   std::string loss = "bce";         // bce (1 negative per position) | ce (softmax over all items) |
                                     // sampled (softmax over the target and loss_negatives drawn items)
   int64_t loss_negatives = 1000;    // sampled: items drawn per step, shared by its targets
-  std::string loss_sampler = "popularity";  // sampled: uniform | popularity (training count + 1)
+  std::string loss_sampler = "uniform";  // sampled: uniform | popularity (training count + 1)
   double mask_prob = 0.2;           // cloze objective: probability that a training item is masked
   AdamOptions adam;
   double clip_norm = 0;             // 0 = no clipping

@@ -213,7 +213,8 @@ TEST_F(Cli, ResumeIsExact) {
 TEST_F(Cli, SampledSoftmaxLearnsAndResumesExactly) {
   const std::string run = dir("sampled-learn");
   auto r = run_seqrec("train --data " + data() + " --out " + run + " " + kTrainSmall +
-                          "--epochs 15 --dropout 0.1 --lr 0.005 --loss sampled --loss_negatives 50 --eval_every 15",
+                          "--epochs 15 --dropout 0.1 --lr 0.005 --loss sampled --loss_negatives 50 --loss_sampler popularity "
+                          "--eval_every 15",
                       600);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "[setup] loss: sampled softmax over the target and 50 items per step, drawn in "
@@ -223,7 +224,7 @@ TEST_F(Cli, SampledSoftmaxLearnsAndResumesExactly) {
     if (contains(l, "\"split\":\"test\"") && contains(l, "sampled100")) test_hr = std::stod(l.substr(l.find("\"HR@10\":") + 8));
   EXPECT_GT(test_hr, 0.3) << r.output;  // random: ~0.099, as in LearnsTheSyntheticStructure
   const std::string common = "train --data " + data() + " " + kTrainSmall +
-                             "--epochs 5 --final_test=false --loss sampled --loss_negatives 30 --loss_sampler uniform ";
+                             "--epochs 5 --final_test=false --loss sampled --loss_negatives 30 ";
   ASSERT_NO_FATAL_FAILURE(expect_resume_exact(common, dir("sampled-a"), dir("sampled-b"), 6, 14));
 }
 

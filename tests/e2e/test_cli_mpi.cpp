@@ -117,7 +117,7 @@ TEST_F(CliMpi, ClozeMasksDoNotDependOnTheRankCount) {
 // against the same items, so 2 ranks still train as 1 rank with the global batch.
 TEST_F(CliMpi, SampledSoftmaxDrawsDoNotDependOnTheRankCount) {
   RankPair r;
-  ASSERT_NO_FATAL_FAILURE(run_ranks_against_one(data(), dir("sampled"), 2, " --loss sampled --loss_negatives 40", &r));
+  ASSERT_NO_FATAL_FAILURE(run_ranks_against_one(data(), dir("sampled"), 2, " --loss sampled --loss_negatives 40 --loss_sampler popularity", &r));
   EXPECT_TRUE(contains(r.multi_output, "[setup] loss: sampled softmax over the target and 40 items per step")) << r.multi_output;
   auto pa = final_params(r.single), pb = final_params(r.multi);
   ASSERT_EQ(pa.size(), pb.size());
