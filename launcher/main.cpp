@@ -205,9 +205,12 @@ int cmd_train(dist::Comm& comm) {
   require(FLAGS_patience >= 0, "--patience must be >= 0 (0 = no early stopping)");
   require(FLAGS_loss == "bce" || FLAGS_loss == "ce" || FLAGS_loss == "sampled",
           "--loss must be 'bce', 'ce' or 'sampled', got '" + FLAGS_loss + "'");
-  for (const char* flag : {"loss_negatives", "loss_sampler"})
-    require(FLAGS_loss == "sampled" || gflags::GetCommandLineFlagInfoOrDie(flag).is_default,
+  // Set away from its default, not merely set: a run's flags.txt names every flag at its value.
+  for (const char* flag : {"loss_negatives", "loss_sampler"}) {
+    const auto info = gflags::GetCommandLineFlagInfoOrDie(flag);
+    require(FLAGS_loss == "sampled" || info.current_value == info.default_value,
             std::string("--") + flag + " applies to --loss sampled only (this run: --loss " + FLAGS_loss + ")");
+  }
   require(FLAGS_loss_negatives >= 1, "--loss_negatives must be >= 1, got " + std::to_string(FLAGS_loss_negatives));
   require(FLAGS_loss_sampler == "uniform" || FLAGS_loss_sampler == "popularity",
           "--loss_sampler must be 'uniform' or 'popularity', got '" + FLAGS_loss_sampler + "'");
