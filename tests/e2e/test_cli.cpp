@@ -635,6 +635,13 @@ TEST_F(Cli, EveryModelTrainsAndTests) {
     EXPECT_TRUE(contains(r.output, "split=test")) << m << "\n" << r.output;
     auto info = run_seqrec("info --checkpoint " + run + "/best");
     EXPECT_TRUE(contains(info.output, "model=" + m.substr(0, m.find(' ')))) << info.output;
+    // Every model recommends through the same path (LISA's quantised targets, the cloze [mask]
+    // slot, FLASH4Rec's user input): three items for each of two users, none from their histories.
+    auto rec = run_seqrec("recommend --checkpoint " + run + "/best --user_ids 5,17 --top_k 3 --exclude_history --threads 1");
+    EXPECT_EQ(rec.code, 0) << m << "\n" << rec.output;
+    EXPECT_TRUE(std::regex_search(rec.output, std::regex("\nuser\trank\titem\tscore\n5\t1\t[0-9]+\t[^\n]+\n5\t2\t[^\n]+\n"
+                                                         "5\t3\t[^\n]+\n17\t1\t[^\n]+\n17\t2\t[^\n]+\n17\t3\t")))
+        << m << "\n" << rec.output;
   }
 }
 

@@ -125,6 +125,19 @@ TEST_F(CliMpi, SampledSoftmaxDrawsDoNotDependOnTheRankCount) {
   EXPECT_LT(worst, 1e-6) << "max |delta param| " << worst;  // as above: summation order only
 }
 
+// Recommending is one process's work: under mpirun every rank says so and the job ends.
+TEST_F(CliMpi, RecommendUnderMpirunIsRefused) {
+  const std::string run = dir("rec-run");
+  auto r = run_seqrec(train_args(data(), run, 8) + " --max_steps 2", 120);
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_command(mpirun() + " -np 2 " + seqrec_bin() + " recommend --threads 1 --checkpoint " + run + "/checkpoints",
+                  120);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "no hang";
+  EXPECT_TRUE(contains(r.output, "recommend runs as one process (2 ranks here): start it without mpirun/srun"))
+      << r.output;
+}
+
 // LinRec as its released code trains it: every prefix of a history an example, scored at its
 // last slot through the global (bidirectional) form. The prefixes are dealt out by global
 // example index, so 2 ranks still train as 1 rank with the global batch.
