@@ -84,6 +84,14 @@ void run_ranks_against_one(const std::string& data, const std::string& name, int
   r->multi_output = b.output;
 }
 
+// The largest parameter difference between the pair's two runs (infinity where the multi-rank
+// run lacks a parameter the single one has).
+double params_difference(const RankPair& r) {
+  auto pa = final_params(r.single), pb = final_params(r.multi);
+  EXPECT_EQ(pa.size(), pb.size());
+  return max_difference(pa, pb);
+}
+
 TEST_F(CliMpi, RanksTrainExactlyAsOneRankWithTheGlobalBatch) {
   for (int np : {2, 3}) {
     RankPair r;
@@ -107,9 +115,7 @@ TEST_F(CliMpi, RanksTrainExactlyAsOneRankWithTheGlobalBatch) {
 TEST_F(CliMpi, ClozeMasksDoNotDependOnTheRankCount) {
   RankPair r;
   ASSERT_NO_FATAL_FAILURE(run_ranks_against_one(data(), dir("cloze"), 2, " --objective cloze --mask_prob 0.3", &r));
-  auto pa = final_params(r.single), pb = final_params(r.multi);
-  ASSERT_EQ(pa.size(), pb.size());
-  const double worst = max_difference(pa, pb);
+  const double worst = params_difference(r);
   EXPECT_LT(worst, 1e-6) << "max |delta param| " << worst;  // as above: summation order only
 }
 
@@ -119,9 +125,7 @@ TEST_F(CliMpi, SampledSoftmaxDrawsDoNotDependOnTheRankCount) {
   RankPair r;
   ASSERT_NO_FATAL_FAILURE(run_ranks_against_one(data(), dir("sampled"), 2, " --loss sampled --loss_negatives 40 --loss_sampler popularity", &r));
   EXPECT_TRUE(contains(r.multi_output, "[setup] loss: sampled softmax over the target and 40 items per step")) << r.multi_output;
-  auto pa = final_params(r.single), pb = final_params(r.multi);
-  ASSERT_EQ(pa.size(), pb.size());
-  const double worst = max_difference(pa, pb);
+  const double worst = params_difference(r);
   EXPECT_LT(worst, 1e-6) << "max |delta param| " << worst;  // as above: summation order only
 }
 
@@ -146,9 +150,7 @@ TEST_F(CliMpi, PrefixExamplesDoNotDependOnTheRankCount) {
   ASSERT_NO_FATAL_FAILURE(
       run_ranks_against_one(data(), dir("prefix"), 2, " --model linrec --objective last --train_prefixes", &r));
   EXPECT_TRUE(contains(r.multi_output, "examples=every prefix")) << r.multi_output;
-  auto pa = final_params(r.single), pb = final_params(r.multi);
-  ASSERT_EQ(pa.size(), pb.size());
-  const double worst = max_difference(pa, pb);
+  const double worst = params_difference(r);
   EXPECT_LT(worst, 1e-6) << "max |delta param| " << worst;  // as above: summation order only
 }
 

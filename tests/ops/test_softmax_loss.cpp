@@ -30,6 +30,17 @@ at::Tensor naive(const at::Tensor& h, const at::Tensor& table, const at::Tensor&
       logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
 }
 
+// What `f` throws as a c10::Error, or "no error".
+template <typename F>
+std::string message(F&& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "no error";
+}
+
 TEST(SoftmaxLoss, MatchesCrossEntropyForEveryChunking) {
   torch::manual_seed(3);
   const int64_t T = 37, D = 6, N = 11;
@@ -146,14 +157,6 @@ TEST(SoftmaxLoss, GradientsMatchCentralDifferences) {
 TEST(SoftmaxLoss, BadArgumentsAreNamed) {
   auto h = torch::randn({4, 3}), t = torch::randn({5, 3});
   auto ok = torch::tensor({1, 2, 3, 4}, torch::kLong);
-  auto message = [](auto&& f) {
-    try {
-      f();
-    } catch (const c10::Error& e) {
-      return std::string(e.what_without_backtrace());
-    }
-    return std::string("no error");
-  };
   EXPECT_NE(message([&] { softmax_loss_sum(h, t, torch::tensor({0, 1, 2, 3}, torch::kLong)); }).find("targets out of range"),
             std::string::npos);
   EXPECT_NE(message([&] { softmax_loss_sum(h, t, torch::tensor({1, 2, 3, 5}, torch::kLong)); }).find("targets out of range"),
@@ -246,14 +249,6 @@ TEST(SampledSoftmaxLoss, ManySkewedDrawsApproachTheFullSoftmax) {
 TEST(SampledSoftmaxLoss, BadArgumentsAreNamed) {
   auto h = torch::randn({4, 3}), t = torch::randn({5, 3});
   auto ok = torch::tensor({1, 2, 3, 4}, torch::kLong);
-  auto message = [](auto&& f) {
-    try {
-      f();
-    } catch (const c10::Error& e) {
-      return std::string(e.what_without_backtrace());
-    }
-    return std::string("no error");
-  };
   const auto has = [](const std::string& m, const std::string& what) { return m.find(what) != std::string::npos; };
   EXPECT_TRUE(has(message([&] { sampled_softmax_loss_sum(h, t, ok, torch::tensor({0, 1}, torch::kLong), {}); }),
                   "sample must be item ids in [1, 4]"));
