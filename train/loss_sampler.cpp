@@ -24,7 +24,7 @@ LossSampler::LossSampler(const std::string& kind, int64_t negatives, int64_t num
   auto* le = log_expected_.data_ptr<float>();
   const double S = static_cast<double>(negatives);
   if (kind == "uniform") {
-    for (int64_t i = 1; i <= num_items; ++i) le[i] = static_cast<float>(std::log(S / static_cast<double>(num_items)));
+    log_expected_.narrow(0, 1, num_items).fill_(std::log(S / static_cast<double>(num_items)));
     return;
   }
   if (static_cast<int64_t>(counts.size()) != num_items + 1)
@@ -42,8 +42,9 @@ at::Tensor LossSampler::draw(int64_t step) const {
   auto out = torch::empty({negatives_}, torch::kInt64);
   auto* o = out.data_ptr<int64_t>();
   io::KeyedRng rng(seed_, kLossSampleTag, static_cast<uint64_t>(step));
+  const bool uniform = cdf_.empty();  // the popularity kind alone has a distribution to invert
   for (int64_t j = 0; j < negatives_; ++j) {
-    if (kind_ == "uniform") {
+    if (uniform) {
       o[j] = 1 + static_cast<int64_t>(rng.below(static_cast<uint64_t>(num_items_)));
     } else {
       const double x = rng.uniform() * cdf_.back();

@@ -170,7 +170,8 @@ void run_recommend(const RecommendOptions& o, dist::Comm& comm) {
   if (o.k > N)
     throw std::invalid_argument("--top_k " + std::to_string(o.k) + " exceeds the dataset's " + std::to_string(N) +
                                 " items");
-  const auto raw_users = io::read_raw_ids(m.data, "user");
+  // The users' raw ids only where they are named or listed (a given history needs none).
+  const auto raw_users = o.history.empty() ? io::read_raw_ids(m.data, "user") : std::vector<std::string>{};
   const auto raw_items = io::read_raw_ids(m.data, "item");
   const auto user_text = [&](int64_t u) { return raw_users.empty() ? std::to_string(u) : raw_users[u]; };
   const auto item_text = [&](int64_t i) { return raw_items.empty() ? std::to_string(i) : raw_items[i - 1]; };
