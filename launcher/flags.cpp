@@ -190,6 +190,9 @@ DEFINE_int64(top_k, 10, "recommend: items per user");
 DEFINE_string(split, "test", "eval: valid | test");
 DEFINE_string(metrics, "HR@10,NDCG@10",
               "info with two or more run directories: the test metrics to compare, comma-separated");
+DEFINE_bool(curves, false,
+            "info with run directories: also print their validation curves side by side (the selection metric at "
+            "every validated epoch, with the difference of two runs)");
 
 namespace seqrec {
 namespace {
@@ -237,7 +240,7 @@ const std::map<std::string, Subcommand>& subcommands() {
        {"top-k next items from a checkpoint for the dataset's users or a given history",
         {"checkpoint", "data", "user_ids", "history", "top_k", "exclude_history", "eval_batch", "out", "device",
          "fused_kernels", "matmul_precision", "comm"}}},
-      {"info", {"print a dataset's or a checkpoint's metadata, a run directory's results and newest checkpoint, or several runs side by side", {"data", "checkpoint", "metrics"}}},
+      {"info", {"print a dataset's or a checkpoint's metadata, a run directory's results and newest checkpoint, or several runs side by side", {"data", "checkpoint", "metrics", "curves"}}},
   };
   return table;
 }

@@ -83,6 +83,7 @@ DECLARE_string(user_ids);
 DECLARE_string(history);
 DECLARE_int64(top_k);
 DECLARE_string(metrics);
+DECLARE_bool(curves);
 
 namespace seqrec {
 

@@ -332,6 +332,7 @@ int cmd_info(const std::vector<std::string>& positional) {
     gflags::GetAllFlags(&all);
     for (const auto& f : all) defaults[f.name] = f.default_value;
     std::printf("%s", train::compare_runs(positional, metrics, defaults).c_str());
+    if (FLAGS_curves) std::printf("\n%s", train::compare_curves(positional).c_str());
     return 0;
   }
   std::string path = !positional.empty() ? positional[0] : (!FLAGS_data.empty() ? FLAGS_data : FLAGS_checkpoint);
@@ -344,6 +345,8 @@ int cmd_info(const std::vector<std::string>& positional) {
   require(fs::is_directory(path), "'" + path +
                                       "' is a file; give a dataset directory (meta.h5), a run directory (train.log) "
                                       "or a checkpoint directory (MANIFEST)");
+  require(!FLAGS_curves || train::is_run_directory(path),
+          "--curves applies to run directories (train.log or metrics.jsonl); '" + path + "' is not one");
   if (fs::exists(fs::path(path) / "meta.h5")) {
     std::printf("%s", io::describe(io::read_meta(path)).c_str());
     return 0;
@@ -352,6 +355,7 @@ int cmd_info(const std::vector<std::string>& positional) {
   // A run directory: its results first, then its newest checkpoint.
   const bool run = train::is_run_directory(path);
   if (run) std::printf("%s\n", train::describe_run(path).c_str());
+  if (run && FLAGS_curves) std::printf("%s\n", train::compare_curves({path}).c_str());
   if (!fs::exists(fs::path(path) / "MANIFEST")) {
     // A run directory or a checkpoints directory: show its newest complete checkpoint.
     auto comm = dist::make_local_comm();

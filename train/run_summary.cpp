@@ -269,6 +269,18 @@ struct RunFacts {
     return found;
   }
 
+  // The selection metric at every validation under the selection protocol, by epoch (the last
+  // record of an epoch that was validated twice, as after a resume from an earlier checkpoint).
+  std::map<int64_t, double> valid_curve() const {
+    std::map<int64_t, double> curve;
+    if (select_metric.empty()) return curve;
+    for (const auto& r : records)
+      if (is(r, "valid") && r.numbers.count("epoch") && r.numbers.count(select_metric) && r.text.count("candidates") &&
+          r.text.at("candidates") == select_candidates)
+        curve[number(r, "epoch")] = r.numbers.at(select_metric);
+    return curve;
+  }
+
   bool tested() const { return !test_line.empty(); }
   // Tested, with its last progress line in the last epoch it planned: a run that --patience did
   // not stop short (one it stopped at its last epoch would have stopped there anyway).
@@ -476,15 +488,10 @@ std::string describe_run(const std::string& dir) {
       << "\n";
   out << "  status: " << f.status(true) << "\n";
 
-  // The selection metric at every validation under the selection protocol (the last record of
-  // an epoch that was validated twice, as after a resume from an earlier checkpoint).
+  // The selection metric at every validation under the selection protocol.
   int64_t stop_at = -1;  // where patience would stop an unfinished run, if no validation improves
   if (!f.select_metric.empty()) {
-    std::map<int64_t, double> curve;
-    for (const auto& r : f.records)
-      if (f.is(r, "valid") && r.numbers.count("epoch") && r.numbers.count(f.select_metric) && r.text.count("candidates") &&
-          r.text.at("candidates") == f.select_candidates)
-        curve[RunFacts::number(r, "epoch")] = r.numbers.at(f.select_metric);
+    const std::map<int64_t, double> curve = f.valid_curve();
     if (!curve.empty()) {
       out << "  valid " << f.select_metric << " by epoch:";
       for (const auto& [epoch, v] : curve) out << " " << epoch << ":" << fixed(v, 4);
@@ -816,6 +823,79 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
       }
       out << (any_column ? "" : " too few pairs with a figure on both sides") << "\n";
     }
+  return out.str();
+}
+
+std::string compare_curves(const std::vector<std::string>& dirs) {
+  if (dirs.empty()) throw std::invalid_argument("compare_curves: give one or more run directories");
+  std::vector<RunFacts> runs;
+  for (const auto& d : dirs) {
+    if (!is_run_directory(d)) throw std::invalid_argument("'" + d + "' is not a run directory (no train.log or metrics.jsonl)");
+    runs.push_back(read_run(d));
+  }
+  const auto selection = [](const RunFacts& f) {
+    return f.select_metric.empty() ? std::string("no selection metric logged")
+                                   : f.select_metric + " under \"" + f.select_candidates + "\"";
+  };
+  bool same = true;
+  for (const auto& f : runs) same = same && selection(f) == selection(runs[0]);
+  std::vector<std::map<int64_t, double>> curves;
+  std::set<int64_t> epochs;
+  for (const auto& f : runs) {
+    curves.push_back(f.valid_curve());
+    for (const auto& entry : curves.back()) epochs.insert(entry.first);
+  }
+  // Two runs of one selection figure also get their difference, epoch by epoch.
+  const bool difference = runs.size() == 2 && same;
+
+  std::vector<std::string> head = {"epoch"};
+  for (size_t i = 0; i < runs.size(); ++i) head.push_back("[" + std::to_string(i + 1) + "]");
+  if (difference) head.push_back("[2] - [1]");
+  std::vector<std::vector<std::string>> rows;
+  for (const int64_t epoch : epochs) {
+    std::vector<std::string> row = {std::to_string(epoch)};
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const auto it = curves[i].find(epoch);
+      // A blank where no "*" stands keeps the digits of a column aligned.
+      row.push_back((it == curves[i].end() ? "-" : fixed(it->second, 4)) + (epoch == runs[i].selected_epoch ? "*" : " "));
+    }
+    if (difference) {
+      const auto a = curves[0].find(epoch), b = curves[1].find(epoch);
+      row.push_back(a == curves[0].end() || b == curves[1].end() ? "-" : fixed(b->second - a->second, 4, true));
+    }
+    rows.push_back(row);
+  }
+  // Each run's best validation and its epoch (the first, where it repeats), as the trainer
+  // selects; for an unfinished run, its best so far.
+  std::vector<std::string> best = {"best"};
+  for (const auto& curve : curves) {
+    const auto it = std::max_element(curve.begin(), curve.end(),
+                                     [](const auto& x, const auto& y) { return x.second < y.second; });
+    best.push_back(it == curve.end() ? "- " : fixed(it->second, 4) + " (" + std::to_string(it->first) + ")");
+  }
+  if (difference) best.push_back("");
+  std::vector<size_t> width(head.size(), 0);
+  for (size_t c = 0; c < head.size(); ++c) {
+    width[c] = std::max(head[c].size(), best[c].size());
+    for (const auto& row : rows) width[c] = std::max(width[c], row[c].size());
+  }
+  const auto line = [&](const std::vector<std::string>& cells) {
+    std::string s;
+    for (size_t c = 0; c < cells.size(); ++c)  // numbers right-aligned, the epoch too
+      s += std::string(width[c] - cells[c].size() + (c ? 2 : 0), ' ') + cells[c];
+    s.erase(s.find_last_not_of(' ') + 1);
+    return s + "\n";
+  };
+
+  std::ostringstream out;
+  out << (same ? "valid " + selection(runs[0]) : std::string("each run's valid selection figure (named below)"))
+      << " at every validated epoch (* each run's selected epoch so far; the last record of an epoch validated twice):\n";
+  for (size_t i = 0; i < runs.size(); ++i)
+    out << "  [" << i + 1 << "] " << runs[i].dir << (same ? "" : ": " + selection(runs[i]))
+        << (curves[i].empty() ? " (no validation recorded)" : "") << "\n";
+  out << line(head);
+  for (const auto& row : rows) out << line(row);
+  if (!epochs.empty()) out << line(best);
   return out.str();
 }
 

@@ -49,4 +49,12 @@ std::string describe_run(const std::string& dir);
 std::string compare_runs(const std::vector<std::string>& dirs, const std::vector<std::string>& metrics,
                          const std::map<std::string, std::string>& defaults = {});
 
+// The runs' validation curves side by side (`seqrec info RUN... --curves`): one row per epoch
+// any of them validated, one column per run with its selection metric under its selection
+// protocol there ("-" where it did not validate; "*" at its selected epoch so far), a last row
+// with each run's best and its epoch, and for two runs of one selection figure their difference
+// ([2] - [1]) at each epoch both validated: the equal-epoch comparison of two settings. Throws
+// std::invalid_argument for no directory or one that is not a run.
+std::string compare_curves(const std::vector<std::string>& dirs);
+
 }  // namespace seqrec::train

@@ -151,6 +151,19 @@ TEST_F(Cli, TrainsEvaluatesAndReportsProtocols) {
   auto notrun = run_seqrec("info " + run + " " + data());
   EXPECT_NE(notrun.code, 0);
   EXPECT_TRUE(contains(notrun.output, "'" + data() + "' is not a run directory")) << notrun.output;
+  // --curves adds the validation curves side by side (the same run twice differs by 0 at every
+  // epoch), to one run's summary its curve; a dataset has none.
+  auto curves = run_seqrec("info " + run + " " + run + " --curves");
+  ASSERT_EQ(curves.code, 0) << curves.output;
+  EXPECT_TRUE(contains(curves.output, "at every validated epoch (* each run's selected epoch so far")) << curves.output;
+  EXPECT_TRUE(std::regex_search(curves.output, std::regex(R"(\n +1 +[0-9.]+[* ] +[0-9.]+[* ] +\+0\.0000\n)"))) << curves.output;
+  auto one = run_seqrec("info " + run + " --curves");
+  ASSERT_EQ(one.code, 0) << one.output;
+  EXPECT_TRUE(contains(one.output, "status: finished")) << one.output;
+  EXPECT_TRUE(std::regex_search(one.output, std::regex(R"(\n +best +[0-9.]+ \([1-3]\)\n)"))) << one.output;
+  auto nocurve = run_seqrec("info " + data() + " --curves");
+  EXPECT_EQ(nocurve.code, 2) << nocurve.output;
+  EXPECT_TRUE(contains(nocurve.output, "--curves applies to run directories")) << nocurve.output;
 }
 
 TEST_F(Cli, LearnsTheSyntheticStructure) {

@@ -552,6 +552,51 @@ TEST(RunSummary, ComparesRunsAndGroupsSeeds) {
   EXPECT_THROW(train::compare_runs({a, farm.missing()}, {"NDCG@10"}), std::invalid_argument);
 }
 
+// Validation curves side by side: a row per epoch any run validated, "-" where one did not, "*"
+// at each run's selected epoch, the best row, and for two runs of one selection figure their
+// difference; runs selecting differently are named each with its own figure.
+TEST(RunSummary, ComparesValidationCurves) {
+  FakeRuns farm("seqrec-run-curves");
+  const auto rec = &FakeRuns::rec;
+  // make() validates epochs 5 (the selected) and 10 under the sampled protocol, plus full ranking
+  // at 5, which the curve must not take.
+  const auto a = farm.make("a", "model=linrec\nseed=42\n", 0.61, 0.58);
+  const auto b = farm.make("b", "model=linrec\nseed=43\n", 0.63, -1);
+  // b goes on to epoch 15 and validates epoch 10 a second time after a resume: the last counts.
+  std::ofstream(std::filesystem::path(b) / "metrics.jsonl", std::ios::app)
+      << rec("valid", 10, 100, FakeRuns::sampled, 0.64, 0.8) + rec("valid", 15, 150, FakeRuns::sampled, 0.65, 0.8);
+  const std::string text = train::compare_curves({a, b});
+  EXPECT_NE(text.find("valid NDCG@10 under \"" + FakeRuns::sampled + "\" at every validated epoch"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("  [1] " + a + "\n  [2] " + b + "\n"), std::string::npos) << text;
+  const auto squeeze = [](std::string s) {
+    std::string out;
+    for (char ch : s)
+      if (ch != ' ' || (!out.empty() && out.back() != ' ' && out.back() != '\n')) out += ch;
+    return out;
+  };
+  EXPECT_NE(squeeze(text).find("epoch [1] [2] [2] - [1]\n5 0.6100* 0.6300* +0.0200\n10 0.6000 0.6400 +0.0400\n"
+                               "15 - 0.6500 -\nbest 0.6100 (5) 0.6500 (15)\n"),
+            std::string::npos)
+      << text;
+  // One run: its curve alone, no difference column.
+  const std::string one = train::compare_curves({a});
+  EXPECT_NE(squeeze(one).find("epoch [1]\n5 0.6100*\n10 0.6000\nbest 0.6100 (5)\n"), std::string::npos) << one;
+  // Three runs: no difference column either.
+  EXPECT_EQ(train::compare_curves({a, b, a}).find("[2] - [1]"), std::string::npos);
+  // A run selecting under full ranking: each run's figure is named and no difference is taken.
+  const auto c = farm.make("c", "model=linrec\nseed=44\n", 0.07, 0.06, FakeRuns::full);
+  const std::string mixed = train::compare_curves({a, c});
+  EXPECT_NE(mixed.find("each run's valid selection figure (named below)"), std::string::npos) << mixed;
+  EXPECT_NE(mixed.find("  [2] " + c + ": NDCG@10 under \"" + FakeRuns::full + "\"\n"), std::string::npos) << mixed;
+  EXPECT_EQ(mixed.find("[2] - [1]"), std::string::npos) << mixed;
+  // (make() records c's epoch 5 under full ranking twice, 0.07 then 0.06: the last counts.)
+  EXPECT_NE(squeeze(mixed).find("5 0.6100* 0.0600*\n"), std::string::npos) << mixed;
+  // Bad input: nothing, or a directory that is no run.
+  EXPECT_THROW(train::compare_curves({}), std::invalid_argument);
+  EXPECT_THROW(train::compare_curves({a, farm.missing()}), std::invalid_argument);
+}
+
 // Two groups with seeds in common are compared seed by seed: the later group minus the earlier,
 // over the seeds both finished, with the mean, the sample standard deviation and the 95%
 // t-interval of the differences; a seed only one group finished, or one group finished twice,
