@@ -128,7 +128,11 @@ DEFINE_double(lr, 1e-3, "Adam learning rate");
 DEFINE_double(beta1, 0.9, "Adam beta1");
 DEFINE_double(beta2, 0.98, "Adam beta2");
 DEFINE_double(adam_eps, 1e-8, "Adam epsilon");
-DEFINE_double(weight_decay, 0.0, "L2 weight decay");
+DEFINE_double(weight_decay, 0.0, "weight decay (see --weight_decay_mode); 0 = none");
+DEFINE_string(weight_decay_mode, "l2",
+              "l2: weight_decay x w added to every gradient (Adam's L2, as torch.optim.Adam) | decoupled: weight "
+              "matrices and embeddings shrink by lr x weight_decay each step apart from the gradient moments "
+              "(AdamW); biases and normalisation gains do not decay");
 DEFINE_double(clip_norm, 0.0, "clip the global gradient norm to this; 0 = off");
 DEFINE_int64(warmup_steps, 0, "linear learning-rate warm-up steps");
 DEFINE_string(lr_schedule, "constant",
@@ -225,7 +229,7 @@ const std::map<std::string, Subcommand>& subcommands() {
       {"train",
        {"train a model (data parallel under mpirun), validate, checkpoint, test the selected model",
         train_flags({"data", "out"}, {"mask_prob", "loss", "loss_negatives", "loss_sampler", "lr",
-         "beta1", "beta2", "adam_eps", "weight_decay", "clip_norm", "warmup_steps", "lr_schedule", "lr_final_ratio",
+         "beta1", "beta2", "adam_eps", "weight_decay", "weight_decay_mode", "clip_norm", "warmup_steps", "lr_schedule", "lr_final_ratio",
          "lr_decay_from_epoch", "epochs", "batch_size",
          "train_windows", "train_prefixes", "eval_every",
          "patience", "select_metric", "eval_protocol", "eval_negatives", "eval_sampler", "exclude_history",

@@ -198,6 +198,10 @@ int cmd_train(dist::Comm& comm) {
   require(FLAGS_lr > 0, "--lr must be > 0, got " + std::to_string(FLAGS_lr));
   require(FLAGS_beta1 >= 0 && FLAGS_beta1 < 1 && FLAGS_beta2 >= 0 && FLAGS_beta2 < 1, "--beta1/--beta2 must be in [0, 1)");
   require(FLAGS_weight_decay >= 0, "--weight_decay must be >= 0");
+  require(FLAGS_weight_decay_mode == "l2" || FLAGS_weight_decay_mode == "decoupled",
+          "--weight_decay_mode must be l2 or decoupled, got '" + FLAGS_weight_decay_mode + "'");
+  require(FLAGS_weight_decay_mode == "l2" || FLAGS_weight_decay > 0,
+          "--weight_decay_mode decoupled decays nothing at --weight_decay 0: give the decay rate too");
   require(FLAGS_adam_eps > 0, "--adam_eps must be > 0");
   require(FLAGS_clip_norm >= 0, "--clip_norm must be >= 0 (0 = off)");
   require(FLAGS_epochs > 0, "--epochs must be > 0");
@@ -250,6 +254,7 @@ int cmd_train(dist::Comm& comm) {
   o.adam.beta1 = FLAGS_beta1;
   o.adam.beta2 = FLAGS_beta2;
   o.adam.weight_decay = FLAGS_weight_decay;
+  o.adam.decoupled = FLAGS_weight_decay_mode == "decoupled";
   o.adam.eps = FLAGS_adam_eps;
   o.clip_norm = FLAGS_clip_norm;
   require(FLAGS_length_groups >= 0, "--length_groups must be >= 0 (0: 8 on the CPU, 1 on a CUDA device)");

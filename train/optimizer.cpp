@@ -33,7 +33,12 @@ void Adam::step(double lr) {
     auto& p = params_[i].second;
     if (!p.grad().defined()) continue;
     at::Tensor g = p.grad();
-    if (o_.weight_decay != 0) g = g.add(p, o_.weight_decay);
+    if (o_.weight_decay != 0) {
+      if (!o_.decoupled)
+        g = g.add(p, o_.weight_decay);
+      else if (decays_decoupled(p))
+        p.mul_(1.0 - lr * o_.weight_decay);  // before the update, as torch.optim.AdamW
+    }
     m_[i].mul_(o_.beta1).add_(g, 1.0 - o_.beta1);
     v_[i].mul_(o_.beta2).addcmul_(g, g, 1.0 - o_.beta2);
     auto denom = (v_[i].sqrt() / bc2_sqrt).add_(o_.eps);

@@ -1,6 +1,7 @@
 #pragma once
-// Adam with L2 weight decay (as torch.optim.Adam), written out so that its whole state is
-// plain named tensors for checkpoints and so the update can run in place on flat buffers.
+// Adam with weight decay either as an L2 term in the gradient (as torch.optim.Adam) or decoupled
+// from it (AdamW, as torch.optim.AdamW), written out so that its whole state is plain named
+// tensors for checkpoints and so the update can run in place on flat buffers.
 #include <ATen/core/Tensor.h>
 
 #include <algorithm>
@@ -16,8 +17,17 @@ struct AdamOptions {
   double beta1 = 0.9;
   double beta2 = 0.98;
   double eps = 1e-8;
-  double weight_decay = 0.0;  // L2 added to the gradient (not decoupled)
+  double weight_decay = 0.0;
+  // false: weight_decay x p is added to every parameter's gradient before the moments (L2, which
+  // Adam's normalisation then rescales per coordinate). true: every weight matrix and embedding
+  // table (a parameter of two or more dimensions) shrinks by lr x weight_decay each step apart
+  // from the moments (AdamW, Loshchilov & Hutter); biases and normalisation gains (one
+  // dimension) do not decay.
+  bool decoupled = false;
 };
+
+// Whether a parameter of this shape decays under decoupled weight decay.
+inline bool decays_decoupled(const at::Tensor& p) { return p.dim() >= 2; }
 
 class Adam {
  public:
