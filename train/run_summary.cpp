@@ -428,6 +428,30 @@ std::string builds_line(const std::vector<std::string>& builds) {
   return out + "\n";
 }
 
+// Rows of cells as aligned text, each column as wide as its widest cell, two spaces between
+// columns: left-aligned (the last column unpadded) or right-aligned (trailing blanks dropped).
+std::string aligned_table(const std::vector<std::vector<std::string>>& rows, bool right) {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    width.resize(std::max(width.size(), row.size()), 0);
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  std::string out;
+  for (const auto& cells : rows) {
+    std::string s;
+    for (size_t c = 0; c < cells.size(); ++c) {
+      const std::string pad(width[c] - cells[c].size(), ' ');
+      if (right)
+        s += std::string(c ? 2 : 0, ' ') + pad + cells[c];
+      else
+        s += cells[c] + (c + 1 < cells.size() ? pad + "  " : "");
+    }
+    if (right) s.erase(s.find_last_not_of(' ') + 1);
+    out += s + "\n";
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string format_duration(double s) {
@@ -626,17 +650,6 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
     rows.push_back(row);
     values.push_back(v);
   }
-  std::vector<size_t> width(head.size(), 0);
-  for (size_t c = 0; c < head.size(); ++c) {
-    width[c] = head[c].size();
-    for (const auto& row : rows) width[c] = std::max(width[c], row[c].size());
-  }
-  const auto line = [&](const std::vector<std::string>& cells) {
-    std::string s;
-    for (size_t c = 0; c < cells.size(); ++c)
-      s += cells[c] + (c + 1 < cells.size() ? std::string(width[c] - cells[c].size() + 2, ' ') : "");
-    return s + "\n";
-  };
 
   std::ostringstream out;
   out << runs.size() << " runs; test figures are each run's model selected on validation";
@@ -645,8 +658,9 @@ std::string compare_runs(const std::vector<std::string>& dirs, const std::vector
   out << ", from its last test evaluation\n";
   for (size_t p = 0; p < protocols.size(); ++p) out << "  [" << p + 1 << "] \"" << protocols[p] << "\"\n";
   if (protocols.empty()) out << "  (no run has a test evaluation yet)\n";
-  out << line(head);
-  for (const auto& row : rows) out << line(row);
+  std::vector<std::vector<std::string>> table = {head};
+  table.insert(table.end(), rows.begin(), rows.end());
+  out << aligned_table(table, false);
   // Runs trained by more than one build: a seed study across builds is worth knowing of (a
   // change between them may have moved the figures). A run resumed by another build counts
   // under each; runs that did not log their build (before 2026-12-06) are not counted.
@@ -874,18 +888,6 @@ std::string compare_curves(const std::vector<std::string>& dirs) {
     best.push_back(it == curve.end() ? "- " : fixed(it->second, 4) + " (" + std::to_string(it->first) + ")");
   }
   if (difference) best.push_back("");
-  std::vector<size_t> width(head.size(), 0);
-  for (size_t c = 0; c < head.size(); ++c) {
-    width[c] = std::max(head[c].size(), best[c].size());
-    for (const auto& row : rows) width[c] = std::max(width[c], row[c].size());
-  }
-  const auto line = [&](const std::vector<std::string>& cells) {
-    std::string s;
-    for (size_t c = 0; c < cells.size(); ++c)  // numbers right-aligned, the epoch too
-      s += std::string(width[c] - cells[c].size() + (c ? 2 : 0), ' ') + cells[c];
-    s.erase(s.find_last_not_of(' ') + 1);
-    return s + "\n";
-  };
 
   std::ostringstream out;
   out << (same ? "valid " + selection(runs[0]) : std::string("each run's valid selection figure (named below)"))
@@ -893,9 +895,10 @@ std::string compare_curves(const std::vector<std::string>& dirs) {
   for (size_t i = 0; i < runs.size(); ++i)
     out << "  [" << i + 1 << "] " << runs[i].dir << (same ? "" : ": " + selection(runs[i]))
         << (curves[i].empty() ? " (no validation recorded)" : "") << "\n";
-  out << line(head);
-  for (const auto& row : rows) out << line(row);
-  if (!epochs.empty()) out << line(best);
+  std::vector<std::vector<std::string>> table = {head};
+  table.insert(table.end(), rows.begin(), rows.end());
+  if (!epochs.empty()) table.push_back(best);
+  out << aligned_table(table, true);  // numbers right-aligned, the epoch too
   return out.str();
 }
 
