@@ -124,6 +124,9 @@ DEFINE_string(loss, "bce",
 DEFINE_int64(loss_negatives, 1000, "--loss sampled: items drawn per step (with replacement), shared by its targets");
 DEFINE_string(loss_sampler, "uniform",
               "--loss sampled: how the items are drawn: uniform | popularity (in proportion to training count + 1)");
+DEFINE_double(label_smoothing, 0.0,
+              "--loss ce: the target's share of the softmax's label becomes 1 - eps and eps is spread evenly over "
+              "every item (as torch's cross_entropy label_smoothing, the padding item taking no share); 0 = off");
 DEFINE_double(lr, 1e-3, "Adam learning rate");
 DEFINE_double(beta1, 0.9, "Adam beta1");
 DEFINE_double(beta2, 0.98, "Adam beta2");
@@ -228,7 +231,7 @@ const std::map<std::string, Subcommand>& subcommands() {
         {"out", "users", "items", "events", "seed", "shards", "clusters", "progress"}}},
       {"train",
        {"train a model (data parallel under mpirun), validate, checkpoint, test the selected model",
-        train_flags({"data", "out"}, {"mask_prob", "loss", "loss_negatives", "loss_sampler", "lr",
+        train_flags({"data", "out"}, {"mask_prob", "loss", "loss_negatives", "loss_sampler", "label_smoothing", "lr",
          "beta1", "beta2", "adam_eps", "weight_decay", "weight_decay_mode", "clip_norm", "warmup_steps", "lr_schedule", "lr_final_ratio",
          "lr_decay_from_epoch", "epochs", "batch_size",
          "train_windows", "train_prefixes", "eval_every",

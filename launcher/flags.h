@@ -47,6 +47,7 @@ DECLARE_double(beta1);
 DECLARE_double(beta2);
 DECLARE_double(adam_eps);
 DECLARE_double(weight_decay);
+DECLARE_double(label_smoothing);
 DECLARE_string(weight_decay_mode);
 DECLARE_double(clip_norm);
 DECLARE_int64(warmup_steps);

@@ -218,6 +218,10 @@ int cmd_train(dist::Comm& comm) {
   require(FLAGS_loss_negatives >= 1, "--loss_negatives must be >= 1, got " + std::to_string(FLAGS_loss_negatives));
   require(FLAGS_loss_sampler == "uniform" || FLAGS_loss_sampler == "popularity",
           "--loss_sampler must be 'uniform' or 'popularity', got '" + FLAGS_loss_sampler + "'");
+  require(FLAGS_label_smoothing >= 0 && FLAGS_label_smoothing < 1,
+          "--label_smoothing must be in [0, 1), got " + std::to_string(FLAGS_label_smoothing));
+  require(FLAGS_label_smoothing == 0 || FLAGS_loss == "ce",
+          "--label_smoothing applies to --loss ce only (this run: --loss " + FLAGS_loss + ")");
   require(FLAGS_keep_checkpoints > 0, "--keep_checkpoints must be > 0");
   require(FLAGS_mask_prob > 0 && FLAGS_mask_prob < 1, "--mask_prob must be in (0, 1)");
   require(FLAGS_replica_check_every >= 0, "--replica_check_every must be >= 0");
@@ -250,6 +254,7 @@ int cmd_train(dist::Comm& comm) {
   o.loss = FLAGS_loss;
   o.loss_negatives = FLAGS_loss_negatives;
   o.loss_sampler = FLAGS_loss_sampler;
+  o.label_smoothing = FLAGS_label_smoothing;
   o.adam.lr = FLAGS_lr;
   o.adam.beta1 = FLAGS_beta1;
   o.adam.beta2 = FLAGS_beta2;

@@ -180,7 +180,7 @@ struct LossSample {
 
 // Loss summed over the targets (the caller normalises by the global target count).
 at::Tensor targets_loss_sum(const Targets& t, const at::Tensor& table, const std::string& kind,
-                            int64_t softmax_keep_bytes, const LossSample& sample) {
+                            double label_smoothing, int64_t softmax_keep_bytes, const LossSample& sample) {
   SEQREC_PROFILE_SCOPE("seqrec::loss");
   if (kind == "sampled") return ops::sampled_softmax_loss_sum(t.h, table, t.pos, sample.items, sample.log_expected);
   if (kind == "bce") {
@@ -190,7 +190,9 @@ at::Tensor targets_loss_sum(const Targets& t, const at::Tensor& table, const std
     return torch::softplus(-pos_logit).sum() + torch::softplus(neg_logit).sum();
   }
   // Softmax over every item, a chunk of rows at a time (the padding item is never a class).
-  return ops::softmax_loss_sum(t.h, table, t.pos, 2048, softmax_keep_bytes);
+  auto loss = ops::softmax_loss_sum(t.h, table, t.pos, 2048, softmax_keep_bytes);
+  if (label_smoothing > 0) loss = loss + label_smoothing * ops::softmax_smoothing_term_sum(t.h, table, t.pos);
+  return loss;
 }
 
 // The batch's loss, computed in up to `groups` slices of rows sorted by length, each slice
@@ -204,8 +206,8 @@ at::Tensor targets_loss_sum(const Targets& t, const at::Tensor& table, const std
 // kept for the backward only if they fit in softmax_keep_bytes; `targets` is the batch's
 // target count.
 at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b, const models::UserInput& users,
-                          const std::string& kind, int64_t groups, bool whole, bool last_only, double targets,
-                          int64_t softmax_keep_bytes, const LossSample& sample) {
+                          const std::string& kind, double label_smoothing, int64_t groups, bool whole,
+                          bool last_only, double targets, int64_t softmax_keep_bytes, const LossSample& sample) {
   const auto table = model.item_embeddings();
   if (kind == "ce") {
     const double bytes =
@@ -216,7 +218,7 @@ at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b,
     // One forward over every row in batch order, even none: a mixture of experts' capacity and
     // token priority are defined on the batch as it is, and its collectives need every rank.
     auto t = encode_targets(model, b.input, users, b.pos, b.neg, kind, last_only);
-    auto total = targets_loss_sum(t, table, kind, softmax_keep_bytes, sample);
+    auto total = targets_loss_sum(t, table, kind, label_smoothing, softmax_keep_bytes, sample);
     auto aux = model.take_auxiliary_loss();
     return aux.defined() ? total + aux : total;
   }
@@ -241,7 +243,7 @@ at::Tensor batch_loss_sum(models::SequenceModel& model, const io::TrainBatch& b,
   }
   const auto all = targets_of(model.encode_slices(inputs, slice_users, last_only), models::cat_rows(poss),
                               models::cat_rows(negs), kind);
-  auto total = targets_loss_sum(all, table, kind, softmax_keep_bytes, sample);
+  auto total = targets_loss_sum(all, table, kind, label_smoothing, softmax_keep_bytes, sample);
   // Model-side terms (LISA's inputs-optimize loss), summed over the same items.
   auto aux = model.take_auxiliary_loss();
   if (aux.defined()) total = total + aux;
@@ -502,6 +504,9 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
   const int rank = comm.rank(), world = comm.size();
   const DivergeFault fault = diverge_fault_from_env();
 
+  if (o.label_smoothing != 0 && !(o.loss == "ce" && o.label_smoothing > 0 && o.label_smoothing < 1))
+    throw std::invalid_argument("--label_smoothing " + fmt(o.label_smoothing, 3) +
+                                ": must be in [0, 1), and applies to --loss ce only (this run: --loss " + o.loss + ")");
   const io::UserSequences seqs = io::load_shards(o.data, meta, rank, world);
   Layout layout;
   const int P = o.expert_parallel;
@@ -700,6 +705,10 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
            std::to_string(loader.steps_per_epoch()) + " length_groups=" + std::to_string(length_groups));
   if (const auto own = models::own_options_text(mo); !own.empty()) log.line("[setup] " + mo.model + ": " + own);
   if (loss_sampler) log.line("[setup] loss: sampled softmax over the target and " + loss_sampler->describe());
+  if (o.label_smoothing > 0)
+    log.line("[setup] loss: softmax over all items with label smoothing " + fmt(o.label_smoothing, 3) +
+             " (the target's share 1 - eps, eps spread over the " + std::to_string(meta.num_items) +
+             " items; the logged loss includes it)");
   log.line("[setup] learning rate: " + schedule.describe());
   if (schedule.kind != "constant" && !schedule.decays())
     log.line("[setup] warning: " +
@@ -860,7 +869,7 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
         SEQREC_PROFILE_SCOPE("seqrec::forward");
         LossSample sample;
         if (loss_sampler) sample = {loss_sampler->draw(p.step).to(device), loss_log_expected};
-        loss = batch_loss_sum(*model, batch, users, o.loss, length_groups, /*whole=*/moe,
+        loss = batch_loss_sum(*model, batch, users, o.loss, o.label_smoothing, length_groups, /*whole=*/moe,
                               /*last_only=*/loader_options.last_target_only, local_targets,
                               std::min<int64_t>(o.softmax_keep_mib, int64_t{1} << 40) << 20, sample) /
                global_targets;

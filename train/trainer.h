@@ -29,6 +29,7 @@ struct TrainOptions {
                                     // sampled (softmax over the target and loss_negatives drawn items)
   int64_t loss_negatives = 1000;    // sampled: items drawn per step, shared by its targets
   std::string loss_sampler = "uniform";  // sampled: uniform | popularity (training count + 1)
+  double label_smoothing = 0;       // ce: each target's 1 becomes 1 - eps, and eps is spread evenly over the N items
   double mask_prob = 0.2;           // cloze objective: probability that a training item is masked
   AdamOptions adam;
   double clip_norm = 0;             // 0 = no clipping

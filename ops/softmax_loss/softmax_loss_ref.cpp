@@ -148,6 +148,12 @@ at::Tensor softmax_loss_sum(const at::Tensor& hidden, const at::Tensor& table, c
   return SoftmaxLossReference::apply(hidden, table, targets, chunk_rows, keep);
 }
 
+at::Tensor softmax_smoothing_term_sum(const at::Tensor& hidden, const at::Tensor& table, const at::Tensor& targets) {
+  check_and_plan(hidden, table, targets, /*chunk_rows=*/1, /*keep_bytes=*/0);
+  const auto items = table.narrow(0, 1, table.size(0) - 1);  // the padding row takes no share
+  return (hidden * (table.index_select(0, targets) - items.mean(0))).sum();
+}
+
 at::Tensor softmax_loss_sum_reference(const at::Tensor& hidden, const at::Tensor& table, const at::Tensor& targets,
                                       int64_t chunk_rows, int64_t keep_bytes) {
   const bool keep = check_and_plan(hidden, table, targets, chunk_rows, keep_bytes);

@@ -246,6 +246,26 @@ TEST_F(Cli, DecoupledWeightDecayShrinksTheMatrices) {
   EXPECT_GT(matrices, 3);
 }
 
+// --label_smoothing reaches the softmax loss: the run says so and records it, and its weights
+// part from an unsmoothed run's of the same seed (the smoothing's arithmetic is
+// SoftmaxLoss.LabelSmoothingTermGivesTheSmoothedCrossEntropy's).
+TEST_F(Cli, LabelSmoothingReachesTheSoftmaxLoss) {
+  const std::string common = "train --data " + data() + " " + kTrainSmall + "--epochs 1 --final_test=false --loss ce ";
+  const std::string plain = dir("ls-none"), smoothed = dir("ls-0.2");
+  auto r = run_seqrec(common + "--out " + plain, 300);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_FALSE(contains(r.output, "label smoothing")) << r.output;
+  r = run_seqrec(common + "--out " + smoothed + " --label_smoothing 0.2", 300);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[setup] loss: softmax over all items with label smoothing 0.200")) << r.output;
+  EXPECT_TRUE(contains(read_file(smoothed + "/flags.txt"), "--label_smoothing=0.2"));
+  const auto pp = params_of(newest_checkpoint(plain)), ps = params_of(newest_checkpoint(smoothed));
+  int differ = 0;
+  for (const auto& [name, t] : ps)
+    if (name.rfind("param/", 0) == 0) differ += !torch::allclose(t, pp.at(name), 1e-6, 1e-7);
+  EXPECT_GT(differ, 3) << "the smoothed run's weights should part from the plain run's";
+}
+
 // --loss sampled: the model learns the structure, and a resumed run draws what the whole one drew.
 TEST_F(Cli, SampledSoftmaxLearnsAndResumesExactly) {
   const std::string run = dir("sampled-learn");
@@ -791,6 +811,8 @@ TEST_F(Cli, InvalidFlagsGetAClearErrorAndExitCode) {
       {t + "--loss sampled --loss_negatives 0", "--loss_negatives must be >= 1, got 0"},
       {t + "--loss sampled --loss_sampler zipf", "--loss_sampler must be 'uniform' or 'popularity', got 'zipf'"},
       {t + "--lr_schedule step", "--lr_schedule must be constant, cosine or linear; got 'step'"},
+      {t + "--label_smoothing 0.1", "--label_smoothing applies to --loss ce only (this run: --loss bce)"},
+      {t + "--loss ce --label_smoothing 1", "--label_smoothing must be in [0, 1), got 1"},
       {t + "--weight_decay_mode adamw", "--weight_decay_mode must be l2 or decoupled, got 'adamw'"},
       {t + "--weight_decay_mode decoupled", "--weight_decay_mode decoupled decays nothing at --weight_decay 0"},
       {t + "--lr_schedule cosine --lr_final_ratio 2", "--lr_final_ratio must be in [0, 1]"},
