@@ -190,9 +190,7 @@ at::Tensor targets_loss_sum(const Targets& t, const at::Tensor& table, const std
     return torch::softplus(-pos_logit).sum() + torch::softplus(neg_logit).sum();
   }
   // Softmax over every item, a chunk of rows at a time (the padding item is never a class).
-  auto loss = ops::softmax_loss_sum(t.h, table, t.pos, 2048, softmax_keep_bytes);
-  if (label_smoothing > 0) loss = loss + label_smoothing * ops::softmax_smoothing_term_sum(t.h, table, t.pos);
-  return loss;
+  return ops::softmax_loss_sum(t.h, table, t.pos, 2048, softmax_keep_bytes, label_smoothing);
 }
 
 // The batch's loss, computed in up to `groups` slices of rows sorted by length, each slice

@@ -22,17 +22,15 @@ namespace seqrec::ops {
 // hidden [T, D] float, table [N + 1, D] of the same dtype, targets [T] int64 in [1, N].
 // Differentiable w.r.t. hidden and table (one backward: the kept probabilities are consumed).
 // chunk_rows > 0; keep_bytes >= 0 (0: always recompute). Throws c10::Error naming the
-// argument on a bad shape, dtype, chunk, budget or target.
+// argument on a bad shape, dtype, chunk, budget, target or smoothing.
+// label_smoothing eps in [0, 1): each slot's loss becomes (1 - eps)·(-log p_target) + eps·mean_j
+// (-log p_j) over the N items (the padding item takes no share), torch's label-smoothed
+// cross-entropy. That is -log p_target + eps·(z_target - mean_j z_j), the z the logits: a term
+// linear in both operands, added in ATen's ops (O((T + N)·D) beside the loss's O(T·N·D)), so the
+// row passes are the same with or without it.
 at::Tensor softmax_loss_sum(const at::Tensor& hidden, const at::Tensor& table, const at::Tensor& targets,
-                            int64_t chunk_rows = 2048, int64_t keep_bytes = int64_t{256} << 20);
-
-// Label smoothing's term: sum_t (z_t - mean_{j in 1..N} z_tj), z_tj = hidden[t] · table[j], z_t the
-// target's logit. With smoothing eps the loss of a slot is (1 - eps)·(-log p_target) + eps·mean_j
-// (-log p_j) over the N items (the padding item takes no share), which is -log p_target + eps·
-// (z_t - mean_j z_tj): softmax_loss_sum + eps · this term. The term is linear in both operands, so
-// it costs O((T + N)·D) beside the loss's O(T·N·D) and runs in ATen's ops, differentiable, on any
-// device. Arguments as softmax_loss_sum's (checked by name).
-at::Tensor softmax_smoothing_term_sum(const at::Tensor& hidden, const at::Tensor& table, const at::Tensor& targets);
+                            int64_t chunk_rows = 2048, int64_t keep_bytes = int64_t{256} << 20,
+                            double label_smoothing = 0);
 
 // The same loss with the row passes in ATen's ops on any device: what the fused rows are tested
 // against (their values differ by exp's rounding, within 2 ulp per probability).

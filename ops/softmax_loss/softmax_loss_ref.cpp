@@ -139,19 +139,21 @@ bool check_and_plan(const at::Tensor& hidden, const at::Tensor& table, const at:
 }  // namespace
 
 at::Tensor softmax_loss_sum(const at::Tensor& hidden, const at::Tensor& table, const at::Tensor& targets,
-                            int64_t chunk_rows, int64_t keep_bytes) {
+                            int64_t chunk_rows, int64_t keep_bytes, double label_smoothing) {
+  TORCH_CHECK(label_smoothing >= 0 && label_smoothing < 1, "label_smoothing must be in [0, 1), got ", label_smoothing);
   const bool keep = check_and_plan(hidden, table, targets, chunk_rows, keep_bytes);
   // The logits take the hidden states' dtype and device (the products write them contiguous).
   const auto type = hidden.scalar_type();
+  at::Tensor loss;
   if (fused_kernels() && hidden.device().is_cpu() && (type == at::kFloat || type == at::kDouble))
-    return SoftmaxLossFused::apply(hidden, table, targets.contiguous(), chunk_rows, keep);  // rows read it raw
-  return SoftmaxLossReference::apply(hidden, table, targets, chunk_rows, keep);
-}
-
-at::Tensor softmax_smoothing_term_sum(const at::Tensor& hidden, const at::Tensor& table, const at::Tensor& targets) {
-  check_and_plan(hidden, table, targets, /*chunk_rows=*/1, /*keep_bytes=*/0);
-  const auto items = table.narrow(0, 1, table.size(0) - 1);  // the padding row takes no share
-  return (hidden * (table.index_select(0, targets) - items.mean(0))).sum();
+    loss = SoftmaxLossFused::apply(hidden, table, targets.contiguous(), chunk_rows, keep);  // rows read it raw
+  else
+    loss = SoftmaxLossReference::apply(hidden, table, targets, chunk_rows, keep);
+  if (label_smoothing > 0) {
+    const auto items = table.narrow(0, 1, table.size(0) - 1);  // the padding row takes no share
+    loss = loss + label_smoothing * (hidden * (table.index_select(0, targets) - items.mean(0))).sum();
+  }
+  return loss;
 }
 
 at::Tensor softmax_loss_sum_reference(const at::Tensor& hidden, const at::Tensor& table, const at::Tensor& targets,

@@ -248,7 +248,7 @@ TEST_F(Cli, DecoupledWeightDecayShrinksTheMatrices) {
 
 // --label_smoothing reaches the softmax loss: the run says so and records it, and its weights
 // part from an unsmoothed run's of the same seed (the smoothing's arithmetic is
-// SoftmaxLoss.LabelSmoothingTermGivesTheSmoothedCrossEntropy's).
+// SoftmaxLoss.LabelSmoothingGivesTheSmoothedCrossEntropy's).
 TEST_F(Cli, LabelSmoothingReachesTheSoftmaxLoss) {
   const std::string common = "train --data " + data() + " " + kTrainSmall + "--epochs 1 --final_test=false --loss ce ";
   const std::string plain = dir("ls-none"), smoothed = dir("ls-0.2");

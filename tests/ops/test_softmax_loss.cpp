@@ -154,40 +154,40 @@ TEST(SoftmaxLoss, GradientsMatchCentralDifferences) {
       [&] { return softmax_loss_sum(h, t, targets, 3); }, {h, t}, 1);
 }
 
-// softmax_loss_sum + eps x softmax_smoothing_term_sum is torch's label-smoothed cross-entropy over
-// the N items (the padding column dropped, so it takes no share): values and both gradients, at
-// two rates; the term alone checked against central differences; its bad arguments named.
-TEST(SoftmaxLoss, LabelSmoothingTermGivesTheSmoothedCrossEntropy) {
-  using seqrec::ops::softmax_smoothing_term_sum;
+// With label smoothing eps the loss is torch's label-smoothed cross-entropy over the N items
+// (the padding column dropped, so it takes no share): values and both gradients, at two rates,
+// kept and recomputed; gradients against central differences; a bad rate named.
+TEST(SoftmaxLoss, LabelSmoothingGivesTheSmoothedCrossEntropy) {
   torch::manual_seed(5);
   const int64_t T = 23, D = 5, N = 9;
   auto h0 = torch::randn({T, D}), t0 = torch::randn({N + 1, D});
   auto targets = torch::randint(1, N + 1, {T}, torch::kLong);
-  for (double eps : {0.1, 0.45}) {
-    auto h = h0.clone().requires_grad_(), t = t0.clone().requires_grad_();
-    auto want = torch::nn::functional::cross_entropy(
-        h.mm(t.narrow(0, 1, N).t()), targets - 1,
-        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum).label_smoothing(eps));
-    auto want_grads = torch::autograd::grad({want}, {h, t});
-    auto hc = h0.clone().requires_grad_(), tc = t0.clone().requires_grad_();
-    auto got = softmax_loss_sum(hc, tc, targets, 7) + eps * softmax_smoothing_term_sum(hc, tc, targets);
-    EXPECT_NEAR(got.item<double>(), want.item<double>(), 1e-4) << "eps " << eps;
-    EXPECT_GT(std::abs(got.item<double>() - softmax_loss_sum(h0, t0, targets).item<double>()), 1e-2)
-        << "smoothing changed nothing at eps " << eps;
-    auto g = torch::autograd::grad({got}, {hc, tc});
-    EXPECT_TRUE(torch::allclose(g[0], want_grads[0], 1e-4, 1e-5)) << "eps " << eps;
-    EXPECT_TRUE(torch::allclose(g[1].narrow(0, 1, N), want_grads[1].narrow(0, 1, N), 1e-4, 1e-5)) << "eps " << eps;
-    EXPECT_EQ(g[1][0].abs().max().item<float>(), 0.0f) << "the padding row takes no share";
-  }
+  for (double eps : {0.1, 0.45})
+    for (int64_t keep_bytes : {int64_t{0}, int64_t{1} << 30}) {
+      auto h = h0.clone().requires_grad_(), t = t0.clone().requires_grad_();
+      auto want = torch::nn::functional::cross_entropy(
+          h.mm(t.narrow(0, 1, N).t()), targets - 1,
+          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum).label_smoothing(eps));
+      auto want_grads = torch::autograd::grad({want}, {h, t});
+      auto hc = h0.clone().requires_grad_(), tc = t0.clone().requires_grad_();
+      auto got = softmax_loss_sum(hc, tc, targets, 7, keep_bytes, eps);
+      const std::string at = "eps " + std::to_string(eps) + " keep_bytes " + std::to_string(keep_bytes);
+      EXPECT_NEAR(got.item<double>(), want.item<double>(), 1e-4) << at;
+      EXPECT_GT(std::abs(got.item<double>() - softmax_loss_sum(h0, t0, targets).item<double>()), 1e-2)
+          << "smoothing changed nothing at " << at;
+      auto g = torch::autograd::grad({got}, {hc, tc});
+      EXPECT_TRUE(torch::allclose(g[0], want_grads[0], 1e-4, 1e-5)) << at;
+      EXPECT_TRUE(torch::allclose(g[1].narrow(0, 1, N), want_grads[1].narrow(0, 1, N), 1e-4, 1e-5)) << at;
+      EXPECT_EQ(g[1][0].abs().max().item<float>(), 0.0f) << "the padding row takes no share";
+    }
   auto h = torch::randn({6, 3}, torch::kFloat64).requires_grad_();
   auto t = torch::randn({5, 3}, torch::kFloat64).requires_grad_();
   auto tg = torch::tensor({1, 4, 2, 2, 3, 4}, torch::kLong);
-  seqrec::testing::expect_gradients_match_central_differences([&] { return softmax_smoothing_term_sum(h, t, tg); },
-                                                              {h, t}, 1);
-  EXPECT_NE(message([&] { softmax_smoothing_term_sum(h, t, torch::tensor({0, 1, 2, 3, 4, 1}, torch::kLong)); })
-                .find("targets out of range"),
+  seqrec::testing::expect_gradients_match_central_differences(
+      [&] { return softmax_loss_sum(h, t, tg, 4, 0, 0.3); }, {h, t}, 1);
+  EXPECT_NE(message([&] { softmax_loss_sum(h, t, tg, 4, 0, 1.0); }).find("label_smoothing must be in [0, 1)"),
             std::string::npos);
-  EXPECT_NE(message([&] { softmax_smoothing_term_sum(h, torch::randn({5, 4}, torch::kFloat64), tg); }).find("table must be"),
+  EXPECT_NE(message([&] { softmax_loss_sum(h, t, tg, 4, 0, -0.1); }).find("label_smoothing must be in [0, 1)"),
             std::string::npos);
 }
 
