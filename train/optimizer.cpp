@@ -2,7 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <cctype>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -133,6 +135,19 @@ std::string LrSchedule::describe() const {
       << " begins at or after the run's end, step " << decay_end << ")";
   if (warmup_steps > 0) s << ", linear warm-up over the first " << warmup_steps << " steps";
   return s.str();
+}
+
+int64_t held_until(const std::string& described) {
+  if (described.rfind("constant ", 0) == 0) return std::numeric_limits<int64_t>::max();
+  if (described.rfind("cosine ", 0) != 0 && described.rfind("linear ", 0) != 0) return -1;
+  const std::string marker = " over steps ";
+  const size_t at = described.find(marker);
+  if (at == std::string::npos) return -1;
+  const size_t from = at + marker.size();
+  size_t end = from;
+  while (end < described.size() && std::isdigit(static_cast<unsigned char>(described[end]))) ++end;
+  if (end == from || end >= described.size() || described[end] != '-') return -1;
+  return std::stoll(described.substr(from, end - from));
 }
 
 }  // namespace seqrec::train

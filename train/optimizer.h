@@ -77,6 +77,13 @@ struct LrSchedule {
   std::string describe() const;
 };
 
+// The step up to which a schedule that describe() wrote as `described` holds its rate at lr
+// (past any warm-up): the step its decay begins, INT64_MAX for a constant rate (a decay planned
+// past the run's end included), -1 for a text describe() does not write. A resumed run may go on
+// under another plan whose decay begins at or after its step when the saved one had not yet
+// begun to decay either: up to that step both rates are the constant one.
+int64_t held_until(const std::string& described);
+
 // Scales gradients so their global L2 norm is at most max_norm; returns the norm before.
 // extra_sq: squared norm of gradients held elsewhere (other ranks' expert shards), counted in
 // the norm; also_scaled: further gradients scaled by the same factor (this rank's shards).

@@ -624,11 +624,13 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
     // A decaying schedule is planned over the run's epochs: resuming under another plan (say a
     // raised --epochs) would jump the learning rate, so it is refused rather than silently taken.
     // Two constant rates may differ (as before the key existed); checkpoints written before it
-    // trained at a constant rate. A constant-rate run may go on under a decay that begins at or
-    // after its step (--lr_decay_from_epoch): up to there the rate is the constant one.
+    // trained at a constant rate. A run still at its constant rate (a constant schedule, or a
+    // decay planned to begin after its step: a plateaued run annealed earlier than planned) may
+    // go on under a decay that begins at or after its step (--lr_decay_from_epoch): up to there
+    // both rates are the constant one.
     const std::string saved_schedule =
         s.meta.count("lr_schedule") ? s.value("lr_schedule") : "constant (written before --lr_schedule existed)";
-    const bool saved_constant = saved_schedule.rfind("constant", 0) == 0;
+    const bool saved_constant = held_until(saved_schedule) >= p.step;
     const bool continues = saved_constant && (schedule.kind == "constant" || schedule.decay_begin() >= p.step);
     if (!continues && saved_schedule != schedule.describe())
       throw std::runtime_error(*resume_from + " was trained with the learning-rate schedule '" + saved_schedule +

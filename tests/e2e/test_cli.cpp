@@ -387,6 +387,21 @@ TEST_F(Cli, LrScheduleDecaysResumesExactlyAndMustMatch) {
   auto then = run_seqrec(planned + " --epochs 4 --resume auto", 300);
   ASSERT_EQ(then.code, 0) << then.output;
   EXPECT_TRUE(contains(then.output, "[setup] learning rate: linear 0.01 -> 0 over steps 20-40")) << then.output;
+  // A run whose planned decay has not begun (stopped at step 14 of a decay from step 30) may be
+  // annealed earlier than planned, from a step at or after its own; once its decay has begun,
+  // another plan is refused.
+  const std::string e = dir("anneal-earlier");
+  const std::string late_plan = common + "--lr 0.01 --lr_schedule linear --out " + e;
+  auto stopped = run_seqrec(late_plan + " --lr_decay_from_epoch 3 --epochs 4 --max_steps 14", 300);
+  ASSERT_EQ(stopped.code, 0) << stopped.output;
+  EXPECT_TRUE(contains(stopped.output, "[setup] learning rate: linear 0.01 -> 0 over steps 30-40")) << stopped.output;
+  auto sooner = run_seqrec(late_plan + " --lr_decay_from_epoch 2 --epochs 3 --resume auto", 300);
+  ASSERT_EQ(sooner.code, 0) << sooner.output;
+  EXPECT_TRUE(contains(sooner.output, "[setup] learning rate: linear 0.01 -> 0 over steps 20-30")) << sooner.output;
+  auto replan = run_seqrec(late_plan + " --lr_decay_from_epoch 3 --epochs 5 --resume auto", 300);
+  EXPECT_NE(replan.code, 0) << replan.output;
+  EXPECT_TRUE(contains(replan.output, "was trained with the learning-rate schedule 'linear 0.01 -> 0 over steps 20-30'"))
+      << replan.output;
 }
 
 // --train_prefixes with the last-slot objective (RecBole's and the released LinRec code's

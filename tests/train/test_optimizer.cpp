@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <limits>
 
 #include "train/optimizer.h"
 
@@ -222,6 +223,28 @@ TEST(LrSchedule, DecayBeginsLateAndNeverBeforeTheWarmUpEnds) {
   EXPECT_EQ(s.describe(), "constant 0.01 (the linear decay planned from step 150 begins at or after the run's end, step 150)");
   s.decay_start = -1;
   EXPECT_THROW(s.validate(), std::invalid_argument);
+}
+
+// held_until reads back what describe() wrote: where the held rate ends (a resume's test).
+TEST(LrSchedule, HeldUntilReadsTheDescription) {
+  LrSchedule s;
+  s.lr = 0.01;
+  EXPECT_EQ(held_until(s.describe()), std::numeric_limits<int64_t>::max());
+  s.warmup_steps = 7;
+  EXPECT_EQ(held_until(s.describe()), std::numeric_limits<int64_t>::max());
+  s.kind = "linear";
+  s.decay_start = 50;
+  s.decay_end = 150;
+  EXPECT_EQ(held_until(s.describe()), 50);
+  s.kind = "cosine";
+  s.warmup_steps = 80;
+  EXPECT_EQ(held_until(s.describe()), 80) << s.describe();
+  s.decay_start = 150;
+  s.warmup_steps = 0;
+  EXPECT_EQ(held_until(s.describe()), std::numeric_limits<int64_t>::max()) << s.describe();
+  EXPECT_EQ(held_until("constant (written before --lr_schedule existed)"), std::numeric_limits<int64_t>::max());
+  for (const char* bad : {"", "step 0.01", "linear 0.01 -> 0", "linear 0.01 -> 0 over steps x-9", "cosine 0.01 over steps 12"})
+    EXPECT_EQ(held_until(bad), -1) << bad;
 }
 
 }  // namespace
