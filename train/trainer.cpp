@@ -630,16 +630,16 @@ static TrainSummary train_run(const TrainOptions& o, const models::ModelOptions&
     // both rates are the constant one.
     const std::string saved_schedule =
         s.meta.count("lr_schedule") ? s.value("lr_schedule") : "constant (written before --lr_schedule existed)";
-    const bool saved_constant = held_until(saved_schedule) >= p.step;
-    const bool continues = saved_constant && (schedule.kind == "constant" || schedule.decay_begin() >= p.step);
+    const bool saved_held_to_step = held_until(saved_schedule) >= p.step;
+    const bool continues = saved_held_to_step && (schedule.kind == "constant" || schedule.decay_begin() >= p.step);
     if (!continues && saved_schedule != schedule.describe())
       throw std::runtime_error(*resume_from + " was trained with the learning-rate schedule '" + saved_schedule +
                                "'; this run's flags give '" + schedule.describe() +
                                "': resume with the saved run's --lr, --lr_schedule, --lr_final_ratio, --warmup_steps, "
                                "--lr_decay_from_epoch and --epochs" +
-                               (saved_constant ? ", or with a decay that begins at or after its step " +
-                                                     std::to_string(p.step) + " (--lr_decay_from_epoch)"
-                                               : std::string()) +
+                               (saved_held_to_step ? ", or with a decay that begins at or after its step " +
+                                                         std::to_string(p.step) + " (--lr_decay_from_epoch)"
+                                                   : std::string()) +
                                " (or start a new --out)");
     // The cursor counts global batches of the saved run's size: with another global batch
     // (world size or per-rank batch changed) continue the epoch from the same example offset.
