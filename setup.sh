@@ -4,7 +4,7 @@
 #   ./setup.sh test   install, build, run the test suite (what CI runs)
 #   ./setup.sh build  install and build only
 # Environment: BUILD_DIR (default build), JOBS (default 2), SEQREC_NO_INSTALL=1 skips apt-get,
-# CTEST_ARGS (default: the tiers that run by default, '-LE long').
+# CTEST_ARGS (extra ctest arguments, e.g. '-L unit' for one tier; default none: every tier).
 set -euo pipefail
 cd "$(dirname "$0")"
 mode=${1:-demo}
@@ -57,7 +57,7 @@ case "$mode" in
   test)
     install_packages "${test_packages[@]}"; build
     # shellcheck disable=SC2086
-    ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" ${CTEST_ARGS:--LE long} ;;
+    ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" ${CTEST_ARGS:-} ;;
   *)
     echo "usage: $0 demo|test|build" >&2; exit 2 ;;
 esac
